@@ -1,0 +1,98 @@
+"""torch_aot_rt: AOTAutograd's per-call runtime in C.
+
+``import torch_aot_rt`` makes every AOTAutograd compile that happens afterwards
+(``torch.compile``, ``aot_function``/``aot_module``, AOTAutogradCache hits) use the
+C runtime wrapper. ``TORCH_AOT_RT=0`` in the environment makes the import change
+nothing. What the C path does not support runs upstream's own code, counted in
+:func:`stats` with a reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+
+__all__ = ["enable", "disable", "enabled", "is_enabled", "stats", "reset_stats"]
+__version__ = "0.1.0"
+
+_lock = threading.Lock()
+_state = {"enabled": False}
+_counters: dict = {
+    "runtime_wrappers": 0,
+    "autograd_functions": 0,
+    "fallbacks": 0,
+    "fallback_reasons": {},
+}
+
+
+def _count_built(kind: str) -> None:
+    with _lock:
+        _counters[kind] += 1
+
+
+def _count_fallback(reason: str) -> None:
+    with _lock:
+        _counters["fallbacks"] += 1
+        reasons = _counters["fallback_reasons"]
+        reasons[reason] = reasons.get(reason, 0) + 1
+
+
+def is_enabled() -> bool:
+    """Whether functions compiled from now on get the C runtime."""
+    return _state["enabled"]
+
+
+def enable() -> None:
+    """Use the C runtime for everything AOTAutograd compiles from now on."""
+    from . import _patch
+
+    _patch.install()
+    _state["enabled"] = True
+
+
+def disable() -> None:
+    """Use upstream's runtime for everything compiled from now on.
+
+    Functions already compiled keep the runtime they were built with.
+    """
+    _state["enabled"] = False
+
+
+@contextlib.contextmanager
+def enabled(flag: bool = True) -> Iterator[None]:
+    """Context manager: switch the C runtime on or off for compiles inside it."""
+    previous = _state["enabled"]
+    if flag:
+        enable()
+    else:
+        disable()
+    try:
+        yield
+    finally:
+        _state["enabled"] = previous
+
+
+def stats() -> dict:
+    """Counters since import (or :func:`reset_stats`): a snapshot copy.
+
+    ``runtime_wrappers``: C runtime wrappers built; ``autograd_functions``: C
+    CompiledFunction classes built; ``fallbacks``: builds that went to upstream,
+    with ``fallback_reasons`` mapping each reason to its count.
+    """
+    with _lock:
+        out = dict(_counters)
+        out["fallback_reasons"] = dict(_counters["fallback_reasons"])
+    return out
+
+
+def reset_stats() -> None:
+    with _lock:
+        for key in ("runtime_wrappers", "autograd_functions", "fallbacks"):
+            _counters[key] = 0
+        _counters["fallback_reasons"] = {}
+
+
+if os.environ.get("TORCH_AOT_RT", "1").strip().lower() not in ("0", "false", "off", "no"):
+    enable()

@@ -1,0 +1,61 @@
+"""The one place that names torch internals: installs our builder in place of
+upstream's ``_create_runtime_wrapper``.
+
+``RuntimeWrapper.post_compile`` looks ``_create_runtime_wrapper`` up as a module
+global on every compile, and it is the single place that ``torch.compile``,
+``aot_function``/``aot_module`` and AOTAutogradCache hits all go through, in both
+the inference and the training path. So replacing that global is the whole
+drop-in. The replacement decides per compile: C wrapper, or upstream's own.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+_install_lock = threading.Lock()
+_installed: dict = {}
+
+
+def _runtime_wrappers_module():
+    # torch._functorch._aot_autograd.runtime_wrappers cannot be imported first
+    # (circular import through torch._dynamo); importing torch._dynamo first is
+    # what torch itself does.
+    import torch._dynamo  # noqa: F401
+    import torch._functorch._aot_autograd.runtime_wrappers as rw
+
+    return rw
+
+
+def install() -> None:
+    with _install_lock:
+        if _installed:
+            return
+        rw = _runtime_wrappers_module()
+        from . import _C, _plan
+
+        _C._bind_torch()
+        upstream = rw._create_runtime_wrapper
+
+        @functools.wraps(upstream)
+        def _create_runtime_wrapper(compiled_fn, **kwargs):
+            from . import is_enabled
+
+            if not is_enabled():
+                return upstream(compiled_fn, **kwargs)
+            return _plan.build_runtime_wrapper(upstream, compiled_fn, **kwargs)
+
+        _installed["upstream"] = upstream
+        _installed["ours"] = _create_runtime_wrapper
+        rw._create_runtime_wrapper = _create_runtime_wrapper
+
+
+def uninstall() -> None:
+    """Put upstream's builder back (used by tests; ``disable()`` is the user API)."""
+    with _install_lock:
+        if not _installed:
+            return
+        rw = _runtime_wrappers_module()
+        if rw._create_runtime_wrapper is _installed["ours"]:
+            rw._create_runtime_wrapper = _installed["upstream"]
+        _installed.clear()

@@ -1,0 +1,207 @@
+"""ViewAndMutationMeta + wrapper config -> the plan the C runtime wrapper runs.
+
+Mirrors the build-time half of upstream's ``_create_runtime_wrapper``
+(``_RuntimeCompiledFnInvoker``, ``_RuntimeForwardEpilogue`` and the ``_codegen_*``
+helpers): every branch that depends only on metadata is taken here, once, and
+what is left is a flat description of small ints, bools and the few objects the
+call needs. ``csrc/plan.c`` validates it and turns it into C arrays.
+
+Whatever cannot be expressed in a plan returns upstream's own wrapper, counted
+in ``torch_aot_rt.stats()`` with the reason.
+"""
+
+from __future__ import annotations
+
+import functools
+
+# Keep in sync with csrc/plan.h.
+MUT_SKIP, MUT_SET, MUT_METADATA, MUT_DATA = 0, 1, 2, 3
+MUT_AS_STRIDED_FIRST, MUT_LEAF, MUT_STREAM_ERROR = 1, 2, 4
+OUT_PASS, OUT_IS_INPUT, OUT_ALIAS_OF_INPUT, OUT_ALIAS_OF_INTERMEDIATE = 0, 1, 2, 3
+
+
+class Unsupported(Exception):
+    """The C path cannot run this compile; the message is the stats reason."""
+
+
+def _torch_modules():
+    import torch._functorch._aot_autograd.runtime_wrappers as rw
+    from torch._functorch import config as functorch_config
+    from torch._functorch._aot_autograd.schemas import OutputType
+
+    return rw, functorch_config, OutputType
+
+
+def _capture_slots(runtime_metadata, OutputType):
+    """``_RuntimeForwardEpilogue.epilogue_args_idx``, deduplicated into slots.
+
+    Returns (capture, slot_of): the input indices to capture, in upstream's
+    evaluation order, and a map from input index to its slot.
+    """
+    order = list(runtime_metadata.mutated_inp_runtime_indices)
+    for info in runtime_metadata.output_info:
+        if info.output_type in (OutputType.alias_of_input, OutputType.is_input):
+            if not isinstance(info.base_idx, int):
+                raise Unsupported("output aliases an input with a non-int base_idx")
+            order.append(info.base_idx)
+    slot_of: dict[int, int] = {}
+    for idx in order:
+        if not isinstance(idx, int):
+            raise Unsupported("non-int mutated input index")
+        slot_of.setdefault(idx, len(slot_of))
+    return tuple(slot_of), slot_of
+
+
+def _mutations(runtime_metadata, slot_of):
+    """One (slot, kind, flags) per mutated runtime input: ``_apply_input_mutations``."""
+    stream_indices = getattr(runtime_metadata, "mutated_inp_stream_indices", None)
+    plan = []
+    for i, inpt_idx in enumerate(runtime_metadata.mutated_inp_runtime_indices):
+        meta = runtime_metadata.input_info[inpt_idx]
+        slot = slot_of[inpt_idx]
+        if not meta.mutates_data and not meta.mutates_metadata:
+            plan.append((slot, MUT_SKIP, 0))
+        elif meta.mutates_storage_metadata:
+            plan.append((slot, MUT_SET, 0))
+        elif meta.mutates_metadata and not meta.mutates_data:
+            plan.append((slot, MUT_METADATA, 0))
+        else:
+            flags = MUT_AS_STRIDED_FIRST if meta.mutates_metadata else 0
+            if meta.is_leaf:
+                flags |= MUT_LEAF
+            elif (
+                stream_indices is not None
+                and i < len(stream_indices)
+                and stream_indices[i] is not None
+            ):
+                flags |= MUT_STREAM_ERROR
+            plan.append((slot, MUT_DATA, flags))
+    return tuple(plan)
+
+
+def _outputs(runtime_metadata, slot_of, OutputType):
+    """One entry per user output: the handlers of ``_replay_output_aliases``."""
+    if runtime_metadata.num_outputs_aliased == 0:
+        return None
+    num_user_outputs = len(runtime_metadata.output_info)
+    aliased_out_indices = runtime_metadata.aliased_out_indices
+    plan = []
+    for info in runtime_metadata.output_info:
+        kind = info.output_type
+        if kind in (
+            OutputType.non_alias,
+            OutputType.unsafe_view_alias,
+            OutputType.custom_function_view,
+        ):
+            plan.append((OUT_PASS, 0, False, False, None))
+        elif kind == OutputType.is_input:
+            plan.append((OUT_IS_INPUT, slot_of[info.base_idx], False, False, None))
+        elif kind == OutputType.alias_of_input:
+            plan.append(
+                (
+                    OUT_ALIAS_OF_INPUT,
+                    slot_of[info.base_idx],
+                    False,
+                    bool(info.requires_grad),
+                    info.view_meta_sequence,
+                )
+            )
+        elif kind in (
+            OutputType.alias_of_intermediate,
+            OutputType.alias_of_intermediate_save_as_output,
+            OutputType.alias_of_intermediate_base_is_user_output,
+        ):
+            if kind == OutputType.alias_of_intermediate_base_is_user_output:
+                base = info.base_idx
+                unwrap_base = base in aliased_out_indices
+            else:
+                base = info.base_idx + num_user_outputs
+                unwrap_base = False
+            plan.append(
+                (
+                    OUT_ALIAS_OF_INTERMEDIATE,
+                    base,
+                    unwrap_base,
+                    bool(info.requires_grad),
+                    info.view_meta_sequence,
+                )
+            )
+        else:
+            raise Unsupported(f"unknown output type {kind!r}")
+    return tuple(plan)
+
+
+def _dynamic_dims(runtime_metadata):
+    if not runtime_metadata.dynamic_outputs:
+        return ()
+    return tuple(
+        (i, o.dynamic_dims)
+        for i, o in enumerate(runtime_metadata.output_info)
+        if o.dynamic_dims is not None
+    )
+
+
+def make_plan(compiled_fn, *, runtime_metadata, indices_of_inps_to_detach,
+              trace_joint, keep_input_mutations, disable_amp):
+    """Keyword arguments for ``_C.RuntimeWrapper``, or raise :class:`Unsupported`."""
+    rw, functorch_config, OutputType = _torch_modules()
+    meta = runtime_metadata
+    try:
+        if functorch_config.unlift_effect_tokens and len(meta.tokens) != 0:
+            # Upstream raises at build time; let it.
+            raise Unsupported("unlift_effect_tokens with effect tokens")
+        capture, slot_of = _capture_slots(meta, OutputType)
+        bump = ()
+        if keep_input_mutations:
+            bump = tuple(meta.mutated_graph_handled_indices_seen_by_autograd)
+        num_mutated = meta.num_mutated_inp_runtime_indices
+        plan = dict(
+            trace_joint=bool(trace_joint),
+            disable_amp=bool(disable_amp),
+            capture=capture,
+            bump=bump,
+            detach=tuple(indices_of_inps_to_detach) if trace_joint else (),
+            num_mutated=num_mutated,
+            expected_outs=num_mutated + meta.num_outputs + meta.num_intermediate_bases,
+            mutations=_mutations(meta, slot_of),
+            outputs=_outputs(meta, slot_of, OutputType),
+            replay_views=bool(functorch_config.view_replay_for_aliased_outputs),
+            dynamic_dims=_dynamic_dims(meta),
+            grad_enabled_mutation=meta.grad_enabled_mutation,
+            # Older torch has no custom-op aliasing check on first invocation.
+            first_invocation=(
+                rw._FirstInvocationContext()
+                if hasattr(rw, "_FirstInvocationContext")
+                else None
+            ),
+            disable_saved_tensors_hooks=bool(
+                trace_joint and rw._should_disable_saved_tensors_hooks()
+            ),
+        )
+    except AttributeError as e:
+        # An internal renamed or missing on this torch version.
+        raise Unsupported(f"torch internals differ: {e}") from None
+    return plan
+
+
+def build_runtime_wrapper(upstream, compiled_fn, **kwargs):
+    """Our ``_create_runtime_wrapper``: the C wrapper, or upstream's with a reason."""
+    from . import _C, _count_built, _count_fallback
+
+    try:
+        plan = make_plan(compiled_fn, **kwargs)
+    except Unsupported as e:
+        _count_fallback(str(e))
+        return upstream(compiled_fn, **kwargs)
+
+    rw, _, _ = _torch_modules()
+    if not getattr(compiled_fn, "_boxed_call", False):
+        compiled_fn = rw.make_boxed_func(compiled_fn)
+    wrapper = _C.RuntimeWrapper(compiled_fn, **plan)
+    # upstream: @simple_wraps(_inner_compiled_fn) on runtime_wrapper, and once
+    # more around it when saved-tensor hooks are disabled.
+    functools.update_wrapper(
+        wrapper, compiled_fn, assigned=("__doc__", "__annotations__", "__type_params__")
+    )
+    _count_built("runtime_wrappers")
+    return wrapper
