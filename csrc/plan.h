@@ -1,0 +1,86 @@
+/* plan: what a runtime wrapper does on every call, decided once.
+ *
+ * torch_aot_rt/_plan.py derives it from ViewAndMutationMeta and the wrapper
+ * config (the build-time half of upstream's _create_runtime_wrapper);
+ * rt_plan_parse() validates it and lays it out as C arrays, so that the call
+ * path only walks them.
+ */
+#ifndef TORCH_AOT_RT_PLAN_H
+#define TORCH_AOT_RT_PLAN_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Keep in sync with torch_aot_rt/_plan.py. */
+enum rt_mutation_kind {       /* the branches of _apply_input_mutations */
+    RT_MUT_SKIP = 0,          /* neither data nor metadata mutated */
+    RT_MUT_SET = 1,           /* mutates_storage_metadata: set_ under no_grad */
+    RT_MUT_METADATA = 2,      /* metadata only: as_strided_ */
+    RT_MUT_DATA = 3,          /* data (maybe + metadata): copy_ */
+};
+enum rt_mutation_flags {
+    RT_MUT_AS_STRIDED_FIRST = 1, /* data and metadata: as_strided_ then copy */
+    RT_MUT_LEAF = 2,             /* leaf: detach().copy_ if it requires grad */
+    RT_MUT_STREAM_ERROR = 4,     /* input on a user stream: upstream raises */
+};
+enum rt_output_kind {         /* the handlers of _replay_output_aliases */
+    RT_OUT_PASS = 0,          /* non_alias, unsafe_view_alias, custom_function_view */
+    RT_OUT_IS_INPUT = 1,
+    RT_OUT_ALIAS_OF_INPUT = 2,
+    RT_OUT_ALIAS_OF_INTERMEDIATE = 3, /* all three alias_of_intermediate kinds */
+};
+
+typedef struct {
+    Py_ssize_t slot;          /* index into the captured inputs */
+    uint8_t kind;             /* enum rt_mutation_kind */
+    uint8_t flags;            /* enum rt_mutation_flags */
+} rt_mutation;
+
+typedef struct {
+    uint8_t kind;             /* enum rt_output_kind */
+    bool unwrap_base;         /* base is a user output wrapped in TensorAlias */
+    Py_ssize_t index;         /* captured-input slot, or index into fw_outs */
+    PyObject *requires_grad;  /* Py_True / Py_False (immortal enough: owned) */
+    PyObject *view_meta_sequence;
+} rt_output;
+
+typedef struct {
+    Py_ssize_t out_index;
+    PyObject *dims;           /* the set upstream stamps on the output */
+} rt_dynamic_dims;
+
+typedef struct {
+    PyObject *compiled_fn;    /* boxed: takes the args list, may clear it */
+    bool trace_joint;
+    bool disable_amp;
+    bool disable_saved_hooks;
+    int grad_enabled_mutation; /* -1: none; else the grad mode to set at the end */
+    PyObject *replay_views;   /* Py_True / Py_False */
+
+    Py_ssize_t n_capture;     /* inputs kept past the call: epilogue_args_idx */
+    Py_ssize_t *capture;
+    Py_ssize_t n_bump;        /* mutated_graph_handled_indices_seen_by_autograd */
+    Py_ssize_t *bump;
+    Py_ssize_t n_detach;      /* indices_of_inps_to_detach (training only) */
+    Py_ssize_t *detach;
+
+    Py_ssize_t num_mutated;   /* leading outputs that are updated inputs */
+    Py_ssize_t expected_outs;
+    rt_mutation *mutations;   /* num_mutated entries */
+
+    Py_ssize_t n_outputs;     /* 0 when no output is an alias: pass through */
+    rt_output *outputs;
+
+    Py_ssize_t n_dynamic;
+    rt_dynamic_dims *dynamic;
+} rt_plan;
+
+/* Fills *plan from the keyword arguments of RuntimeWrapper(...).
+ * Raises ValueError/TypeError naming what is malformed. */
+int rt_plan_parse(rt_plan *plan, PyObject *compiled_fn, PyObject *kwargs);
+int rt_plan_traverse(rt_plan *plan, visitproc visit, void *arg);
+void rt_plan_clear(rt_plan *plan);
+
+#endif

@@ -1,0 +1,592 @@
+/* torch_api.c: the one door to torch. See torch_api.h. */
+#include "torch_api.h"
+
+static const char *const TENSOR_METHOD_NAMES[RT_N_TENSOR_METHODS] = {
+    [RT_DETACH] = "detach",
+    [RT_COPY_] = "copy_",
+    [RT_AS_STRIDED_] = "as_strided_",
+    [RT_SET_] = "set_",
+    [RT_SIZE] = "size",
+    [RT_STRIDE] = "stride",
+    [RT_STORAGE_OFFSET] = "storage_offset",
+};
+
+/* Upstream's messages, verbatim (runtime_wrappers.py). */
+static const char SAVED_HOOKS_ERROR_MESSAGE[] =
+    "Saved tensors hooks were specialized as GraphModules."
+    "In this case aot_autograd inlines them in forward and backward graph "
+    "and disables them during runtime of aot_autograd compiled region."
+    "If you see this error, that means that there is some unexpected push or pop manipulation "
+    "during aot_autograd compiled region runtime."
+    "Compilation with different hooks must result in recompilation.";
+static const char STREAM_ERROR_MESSAGE[] =
+    "Mutations on inputs with user-specified streams are not yet supported. "
+    "See: https://github.com/pytorch/pytorch/issues/172522";
+
+#define INTERN(field, text)                                  \
+    do {                                                     \
+        if ((st->field = PyUnicode_InternFromString(text)) == NULL) \
+            return -1;                                       \
+    } while (0)
+
+int
+rt_state_init(rt_state *st)
+{
+    INTERN(str_alias, "alias");
+    INTERN(str_dynamic_indices, "_dynamo_propagated_dynamic_indices");
+    INTERN(str_is_first, "_is_first");
+    INTERN(str_enter, "__enter__");
+    INTERN(str_exit, "__exit__");
+    INTERN(str_is_profiler_enabled, "_is_profiler_enabled");
+    INTERN(str_record_runtime_overhead, "record_runtime_overhead");
+    INTERN(str_requires_grad, "requires_grad");
+    INTERN(wrapper_qualname, "_create_runtime_wrapper.<locals>.runtime_wrapper");
+    for (int m = 0; m < RT_N_TENSOR_METHODS; m++) {
+        INTERN(method_names[m], TENSOR_METHOD_NAMES[m]);
+    }
+    PyObject *rv = PyUnicode_InternFromString("replay_views");
+    if (rv == NULL) {
+        return -1;
+    }
+    st->kwnames_replay_views = PyTuple_Pack(1, rv);
+    Py_DECREF(rv);
+    if (st->kwnames_replay_views == NULL) {
+        return -1;
+    }
+    st->stream_error_message = PyUnicode_FromString(STREAM_ERROR_MESSAGE);
+    st->saved_hooks_error_message = PyUnicode_FromString(SAVED_HOOKS_ERROR_MESSAGE);
+    st->prologue_range_name =
+        PyUnicode_FromString("AOTDispatcher Runtime Wrapper Prologue");
+    if (!st->stream_error_message || !st->saved_hooks_error_message ||
+        !st->prologue_range_name) {
+        return -1;
+    }
+    return 0;
+}
+#undef INTERN
+
+/* getattr(import_module(module), name), or NULL with the exception set. */
+static PyObject *
+lookup(const char *module, const char *name)
+{
+    PyObject *mod = PyImport_ImportModule(module);
+    if (mod == NULL) {
+        return NULL;
+    }
+    PyObject *obj = name ? PyObject_GetAttrString(mod, name) : Py_NewRef(mod);
+    Py_DECREF(mod);
+    return obj;
+}
+
+#define BIND(field, module, name)                              \
+    do {                                                       \
+        Py_XSETREF(st->field, lookup(module, name));            \
+        if (st->field == NULL)                                 \
+            return -1;                                         \
+    } while (0)
+
+static int
+bind_type(PyTypeObject **field, const char *module, const char *name)
+{
+    PyObject *obj = lookup(module, name);
+    if (obj == NULL) {
+        return -1;
+    }
+    if (!PyType_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a type", module, name);
+        Py_DECREF(obj);
+        return -1;
+    }
+    Py_XSETREF(*field, (PyTypeObject *)obj);
+    return 0;
+}
+
+int
+rt_torch_bind(rt_state *st)
+{
+    if (st->bound) {
+        return 0;
+    }
+    BIND(is_grad_enabled, "torch._C", "is_grad_enabled");
+    BIND(set_grad_enabled, "torch._C", "_set_grad_enabled");
+    BIND(is_view_replay_enabled, "torch._C", "_is_view_replay_enabled");
+    BIND(set_view_replay_enabled, "torch._C", "_set_view_replay_enabled");
+    BIND(DisableAutocast, "torch._C", "_DisableAutocast");
+    Py_XSETREF(st->DisableAutocast_enter,
+               PyObject_GetAttr(st->DisableAutocast, st->str_enter));
+    Py_XSETREF(st->DisableAutocast_exit,
+               PyObject_GetAttr(st->DisableAutocast, st->str_exit));
+    if (!st->DisableAutocast_enter || !st->DisableAutocast_exit) {
+        return -1;
+    }
+    if (bind_type(&st->Tensor, "torch", "Tensor") < 0 ||
+        bind_type(&st->Parameter, "torch.nn", "Parameter") < 0) {
+        return -1;
+    }
+    for (int m = 0; m < RT_N_TENSOR_METHODS; m++) {
+        Py_XSETREF(st->tensor_methods[m],
+                   PyObject_GetAttr((PyObject *)st->Tensor, st->method_names[m]));
+        Py_XSETREF(st->parameter_methods[m],
+                   PyObject_GetAttr((PyObject *)st->Parameter, st->method_names[m]));
+        if (!st->tensor_methods[m] || !st->parameter_methods[m]) {
+            return -1;
+        }
+    }
+    Py_XSETREF(st->requires_grad_descr,
+               PyObject_GetAttr((PyObject *)st->Tensor, st->str_requires_grad));
+    if (st->requires_grad_descr == NULL) {
+        return -1;
+    }
+    if (Py_TYPE(st->requires_grad_descr)->tp_descr_get == NULL) {
+        PyErr_SetString(PyExc_TypeError, "torch.Tensor.requires_grad is not a descriptor");
+        return -1;
+    }
+    BIND(increment_version, "torch._C", "_increment_version");
+    BIND(TensorAlias, "torch._functorch._aot_autograd.schemas", "TensorAlias");
+    BIND(gen_alias_from_base, "torch._functorch._aot_autograd.runtime_wrappers",
+         "gen_alias_from_base");
+    {
+        PyObject *profiler = lookup("torch.autograd.profiler", NULL);
+        if (profiler == NULL) {
+            return -1;
+        }
+        /* Upstream reads the module global `_is_profiler_enabled` on every
+         * call; we read the same dict entry, with an interned key. */
+        PyObject *globals = PyModule_GetDict(profiler); /* borrowed */
+        Py_XSETREF(st->profiler_globals, Py_XNewRef(globals));
+        Py_DECREF(profiler);
+        if (st->profiler_globals == NULL) {
+            return -1;
+        }
+    }
+    BIND(dynamo_config, "torch._dynamo.config", NULL);
+    BIND(RecordFunctionFast, "torch._C._profiler", "_RecordFunctionFast");
+    BIND(saved_hooks_get_disabled_message, "torch._C._autograd",
+         "_saved_tensors_hooks_get_disabled_error_message");
+    BIND(saved_hooks_disable, "torch._C._autograd", "_saved_tensors_hooks_disable");
+    BIND(saved_hooks_enable, "torch._C._autograd", "_saved_tensors_hooks_enable");
+    st->bound = 1;
+    return 0;
+}
+#undef BIND
+
+#define STATE_FIELDS(X)                                                   \
+    X(RuntimeWrapperType) X(is_grad_enabled) X(set_grad_enabled)          \
+    X(is_view_replay_enabled) X(set_view_replay_enabled) X(DisableAutocast) \
+    X(DisableAutocast_enter) X(DisableAutocast_exit) X(Tensor) X(Parameter) \
+    X(requires_grad_descr) X(increment_version) X(TensorAlias)            \
+    X(gen_alias_from_base) X(profiler_globals) X(dynamo_config)           \
+    X(RecordFunctionFast) X(prologue_range_name)                          \
+    X(saved_hooks_get_disabled_message) X(saved_hooks_disable)            \
+    X(saved_hooks_enable) X(saved_hooks_error_message) X(str_alias)       \
+    X(str_dynamic_indices) X(str_is_first) X(str_enter) X(str_exit)       \
+    X(str_is_profiler_enabled) X(str_record_runtime_overhead)             \
+    X(str_requires_grad) X(kwnames_replay_views) X(stream_error_message)  \
+    X(wrapper_qualname)
+
+int
+rt_state_traverse(rt_state *st, visitproc visit, void *arg)
+{
+#define VISIT(f) Py_VISIT(st->f);
+    STATE_FIELDS(VISIT)
+#undef VISIT
+    for (int m = 0; m < RT_N_TENSOR_METHODS; m++) {
+        Py_VISIT(st->tensor_methods[m]);
+        Py_VISIT(st->parameter_methods[m]);
+        Py_VISIT(st->method_names[m]);
+    }
+    return 0;
+}
+
+void
+rt_state_clear(rt_state *st)
+{
+#define CLEAR(f) Py_CLEAR(st->f);
+    STATE_FIELDS(CLEAR)
+#undef CLEAR
+    for (int m = 0; m < RT_N_TENSOR_METHODS; m++) {
+        Py_CLEAR(st->tensor_methods[m]);
+        Py_CLEAR(st->parameter_methods[m]);
+        Py_CLEAR(st->method_names[m]);
+    }
+    st->bound = 0;
+}
+
+/* ---- grad mode and view replay ------------------------------------- */
+
+static int
+call_predicate(PyObject *fn)
+{
+    PyObject *r = PyObject_CallNoArgs(fn);
+    if (r == NULL) {
+        return -1;
+    }
+    int v = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return v;
+}
+
+static int
+call_with_bool(PyObject *fn, int value)
+{
+    PyObject *arg = value ? Py_True : Py_False;
+    PyObject *r = PyObject_Vectorcall(fn, &arg, 1, NULL);
+    if (r == NULL) {
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+int rt_grad_enabled(rt_state *st) { return call_predicate(st->is_grad_enabled); }
+
+int
+rt_set_grad_enabled(rt_state *st, int enabled)
+{
+    return call_with_bool(st->set_grad_enabled, enabled);
+}
+
+int rt_view_replay_enabled(rt_state *st) { return call_predicate(st->is_view_replay_enabled); }
+
+int
+rt_set_view_replay_enabled(rt_state *st, int enabled)
+{
+    return call_with_bool(st->set_view_replay_enabled, enabled);
+}
+
+/* ---- context managers ------------------------------------------------ */
+
+/* cm.__exit__ (looked up with `method` if given) called with the pending
+ * exception as (type, value, tb), or (None, None, None). A truthy result does
+ * not swallow the exception: no guard upstream enters does that. */
+static int
+call_exit(PyObject *exit_fn, PyObject *self, int failed)
+{
+    rt_pending_error saved = {NULL, NULL, NULL};
+    PyObject *r;
+    if (failed) {
+        PyErr_Fetch(&saved.type, &saved.value, &saved.tb);
+        PyErr_NormalizeException(&saved.type, &saved.value, &saved.tb);
+        if (saved.tb != NULL && saved.value != NULL) {
+            PyException_SetTraceback(saved.value, saved.tb);
+        }
+        PyObject *argv[4] = {self, saved.type ? saved.type : Py_None,
+                             saved.value ? saved.value : Py_None,
+                             saved.tb ? saved.tb : Py_None};
+        r = self ? PyObject_Vectorcall(exit_fn, argv, 4, NULL)
+                 : PyObject_Vectorcall(exit_fn, argv + 1, 3, NULL);
+    }
+    else {
+        PyObject *argv[4] = {self, Py_None, Py_None, Py_None};
+        r = self ? PyObject_Vectorcall(exit_fn, argv, 4, NULL)
+                 : PyObject_Vectorcall(exit_fn, argv + 1, 3, NULL);
+    }
+    int ok = r != NULL;
+    Py_XDECREF(r);
+    if (!failed) {
+        return ok ? 0 : -1;
+    }
+    return rt_finally_end(&saved, ok);
+}
+
+PyObject *
+rt_disable_autocast_enter(rt_state *st)
+{
+    PyObject *guard = PyObject_CallNoArgs(st->DisableAutocast);
+    if (guard == NULL) {
+        return NULL;
+    }
+    PyObject *r = PyObject_Vectorcall(st->DisableAutocast_enter, &guard, 1, NULL);
+    if (r == NULL) {
+        Py_DECREF(guard);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return guard;
+}
+
+int
+rt_disable_autocast_exit(rt_state *st, PyObject *guard, int failed)
+{
+    int rc = call_exit(st->DisableAutocast_exit, guard, failed);
+    Py_DECREF(guard);
+    return rc;
+}
+
+int
+rt_context_enter(rt_state *st, PyObject *cm)
+{
+    PyObject *r = PyObject_CallMethodNoArgs(cm, st->str_enter);
+    if (r == NULL) {
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+int
+rt_context_exit(rt_state *st, PyObject *cm, int failed)
+{
+    rt_pending_error saved = {NULL, NULL, NULL};
+    if (failed) {
+        PyErr_Fetch(&saved.type, &saved.value, &saved.tb);
+    }
+    PyObject *exit_fn = PyObject_GetAttr(cm, st->str_exit);
+    if (failed) {
+        PyErr_Restore(saved.type, saved.value, saved.tb);
+    }
+    if (exit_fn == NULL) {
+        return -1;
+    }
+    int rc = call_exit(exit_fn, NULL, failed);
+    Py_DECREF(exit_fn);
+    return rc;
+}
+
+void
+rt_finally_begin(rt_pending_error *saved)
+{
+    PyErr_Fetch(&saved->type, &saved->value, &saved->tb);
+}
+
+int
+rt_finally_end(rt_pending_error *saved, int cleanup_ok)
+{
+    if (saved->type == NULL) {
+        return cleanup_ok ? 0 : -1;
+    }
+    if (cleanup_ok) {
+        PyErr_Restore(saved->type, saved->value, saved->tb);
+        return -1;
+    }
+    /* The cleanup raised: its exception wins, with ours as __context__. */
+    PyErr_NormalizeException(&saved->type, &saved->value, &saved->tb);
+    if (saved->tb != NULL) {
+        PyException_SetTraceback(saved->value, saved->tb);
+    }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyException_SetContext(value, saved->value); /* steals */
+    Py_DECREF(saved->type);
+    Py_XDECREF(saved->tb);
+    PyErr_Restore(type, value, tb);
+    return -1;
+}
+
+/* ---- tensors ---------------------------------------------------------- */
+
+int
+rt_is_tensor(rt_state *st, PyObject *obj)
+{
+    if (Py_IS_TYPE(obj, st->Tensor) || Py_IS_TYPE(obj, st->Parameter)) {
+        return 1;
+    }
+    return PyObject_IsInstance(obj, (PyObject *)st->Tensor);
+}
+
+PyObject *
+rt_tensor_call(rt_state *st, enum rt_tensor_method m, PyObject *self,
+               PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *stack[4];
+    assert(nargs <= 3);
+    stack[0] = self;
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        stack[i + 1] = args[i];
+    }
+    /* Exact torch.Tensor / Parameter: the method found on the class once.
+     * Anything else (a subclass may override the method in Python): an
+     * ordinary method call, as upstream's Python does. */
+    if (Py_IS_TYPE(self, st->Tensor)) {
+        return PyObject_Vectorcall(st->tensor_methods[m], stack, nargs + 1, NULL);
+    }
+    if (Py_IS_TYPE(self, st->Parameter)) {
+        return PyObject_Vectorcall(st->parameter_methods[m], stack, nargs + 1, NULL);
+    }
+    return PyObject_VectorcallMethod(st->method_names[m], stack,
+                                     (size_t)(nargs + 1), NULL);
+}
+
+int
+rt_tensor_requires_grad(rt_state *st, PyObject *self)
+{
+    PyObject *r;
+    if (Py_IS_TYPE(self, st->Tensor) || Py_IS_TYPE(self, st->Parameter)) {
+        r = Py_TYPE(st->requires_grad_descr)->tp_descr_get(
+            st->requires_grad_descr, self, (PyObject *)Py_TYPE(self));
+    }
+    else {
+        r = PyObject_GetAttr(self, st->str_requires_grad);
+    }
+    if (r == NULL) {
+        return -1;
+    }
+    int v = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return v;
+}
+
+int
+rt_increment_version(rt_state *st, PyObject *tensors)
+{
+    PyObject *r = PyObject_Vectorcall(st->increment_version, &tensors, 1, NULL);
+    if (r == NULL) {
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+PyObject *
+rt_unwrap_tensoralias(rt_state *st, PyObject *x)
+{
+    int ok = PyObject_IsInstance(x, st->TensorAlias);
+    if (ok < 0) {
+        return NULL;
+    }
+    if (!ok) {
+        /* upstream: AssertionError(f"expected TensorAlias, got {type(x)}") */
+        PyErr_Format(PyExc_AssertionError, "expected TensorAlias, got %S",
+                     (PyObject *)Py_TYPE(x));
+        return NULL;
+    }
+    return PyObject_GetAttr(x, st->str_alias);
+}
+
+PyObject *
+rt_gen_alias_from_base(rt_state *st, PyObject *base, PyObject *out,
+                       PyObject *requires_grad, PyObject *view_meta_sequence,
+                       PyObject *replay_views)
+{
+    PyObject *argv[5] = {base, out, requires_grad, view_meta_sequence, replay_views};
+    return PyObject_Vectorcall(st->gen_alias_from_base, argv, 4,
+                               st->kwnames_replay_views);
+}
+
+int
+rt_mark_dynamic_indices(rt_state *st, PyObject *t, PyObject *dims)
+{
+    /* if hasattr(t, name): t.name |= dims  else: t.name = dims.copy() */
+    PyObject *current = PyObject_GetAttr(t, st->str_dynamic_indices);
+    if (current == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            return -1;
+        }
+        PyErr_Clear(); /* hasattr() is False */
+    }
+    PyObject *updated;
+    if (current != NULL) {
+        updated = PyNumber_InPlaceOr(current, dims);
+        Py_DECREF(current);
+    }
+    else {
+        updated = PyObject_CallMethod(dims, "copy", NULL);
+    }
+    if (updated == NULL) {
+        return -1;
+    }
+    int rc = PyObject_SetAttr(t, st->str_dynamic_indices, updated);
+    Py_DECREF(updated);
+    return rc;
+}
+
+/* ---- profiler range --------------------------------------------------- */
+
+int
+rt_prologue_range_enter(rt_state *st, PyObject **range)
+{
+    *range = NULL;
+    PyObject *on = PyDict_GetItemWithError(st->profiler_globals,
+                                           st->str_is_profiler_enabled);
+    if (on == NULL) {
+        if (PyErr_Occurred()) {
+            return -1;
+        }
+        PyErr_SetString(PyExc_AttributeError,
+                        "module 'torch.autograd.profiler' has no attribute "
+                        "'_is_profiler_enabled'");
+        return -1;
+    }
+    int v = PyObject_IsTrue(on);
+    if (v <= 0) {
+        return v;
+    }
+    PyObject *flag = PyObject_GetAttr(st->dynamo_config, st->str_record_runtime_overhead);
+    if (flag == NULL) {
+        return -1;
+    }
+    v = PyObject_IsTrue(flag);
+    Py_DECREF(flag);
+    if (v <= 0) {
+        return v;
+    }
+    PyObject *cm = PyObject_CallOneArg(st->RecordFunctionFast, st->prologue_range_name);
+    if (cm == NULL) {
+        return -1;
+    }
+    if (rt_context_enter(st, cm) < 0) {
+        Py_DECREF(cm);
+        return -1;
+    }
+    *range = cm;
+    return 0;
+}
+
+int
+rt_prologue_range_exit(rt_state *st, PyObject **range)
+{
+    PyObject *cm = *range;
+    if (cm == NULL) {
+        return 0;
+    }
+    *range = NULL;
+    /* upstream: cm.__exit__(None, None, None), whatever is pending */
+    rt_pending_error saved;
+    rt_finally_begin(&saved);
+    int ok = rt_context_exit(st, cm, 0) == 0;
+    Py_DECREF(cm);
+    return rt_finally_end(&saved, ok);
+}
+
+/* ---- saved-tensor hooks ----------------------------------------------- */
+
+PyObject *
+rt_saved_hooks_disable(rt_state *st)
+{
+    PyObject *previous = PyObject_CallNoArgs(st->saved_hooks_get_disabled_message);
+    if (previous == NULL) {
+        return NULL;
+    }
+    PyObject *argv[2] = {st->saved_hooks_error_message, Py_False};
+    PyObject *r = PyObject_Vectorcall(st->saved_hooks_disable, argv, 2, NULL);
+    if (r == NULL) {
+        /* upstream's finally still runs: restore what was there */
+        rt_pending_error saved;
+        rt_finally_begin(&saved);
+        int ok = rt_saved_hooks_restore(st, previous) == 0;
+        rt_finally_end(&saved, ok);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return previous;
+}
+
+int
+rt_saved_hooks_restore(rt_state *st, PyObject *previous)
+{
+    PyObject *r;
+    if (previous == Py_None) {
+        r = PyObject_CallNoArgs(st->saved_hooks_enable);
+    }
+    else {
+        PyObject *argv[2] = {previous, Py_False};
+        r = PyObject_Vectorcall(st->saved_hooks_disable, argv, 2, NULL);
+    }
+    Py_DECREF(previous);
+    if (r == NULL) {
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}

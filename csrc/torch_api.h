@@ -1,0 +1,141 @@
+/* torch_api: the one door to torch.
+ *
+ * Every torch callable, type and constant the C runtime needs is looked up
+ * once per process, by rt_torch_bind(), and kept in the module state. The
+ * functions below are the only way the rest of the extension touches torch;
+ * each is a thin, exact equivalent of one Python expression upstream writes
+ * (named in the comment next to it). No libtorch link: everything goes through
+ * Python-visible callables, so one build runs on every supported torch.
+ */
+#ifndef TORCH_AOT_RT_TORCH_API_H
+#define TORCH_AOT_RT_TORCH_API_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdbool.h>
+
+/* Tensor methods the epilogue calls, looked up on the class once. */
+enum rt_tensor_method {
+    RT_DETACH,
+    RT_COPY_,
+    RT_AS_STRIDED_,
+    RT_SET_,
+    RT_SIZE,
+    RT_STRIDE,
+    RT_STORAGE_OFFSET,
+    RT_N_TENSOR_METHODS
+};
+
+typedef struct rt_state {
+    PyTypeObject *RuntimeWrapperType;
+    int bound;                    /* rt_torch_bind() succeeded */
+
+    /* grad mode, view replay (torch._C) */
+    PyObject *is_grad_enabled;
+    PyObject *set_grad_enabled;
+    PyObject *is_view_replay_enabled;
+    PyObject *set_view_replay_enabled;
+    /* torch._C._DisableAutocast and its unbound __enter__/__exit__ */
+    PyObject *DisableAutocast;
+    PyObject *DisableAutocast_enter;
+    PyObject *DisableAutocast_exit;
+    /* torch.Tensor, torch.nn.Parameter and their methods */
+    PyTypeObject *Tensor;
+    PyTypeObject *Parameter;
+    PyObject *tensor_methods[RT_N_TENSOR_METHODS];
+    PyObject *parameter_methods[RT_N_TENSOR_METHODS];
+    PyObject *method_names[RT_N_TENSOR_METHODS];
+    PyObject *requires_grad_descr;        /* torch.Tensor.requires_grad */
+    PyObject *increment_version;          /* torch._C._increment_version */
+    PyObject *TensorAlias;                /* aot_autograd schemas.TensorAlias */
+    PyObject *gen_alias_from_base;        /* runtime_wrappers.gen_alias_from_base */
+    /* profiler range */
+    PyObject *profiler_globals;           /* torch.autograd.profiler.__dict__ */
+    PyObject *dynamo_config;              /* torch._dynamo.config */
+    PyObject *RecordFunctionFast;         /* torch._C._profiler._RecordFunctionFast */
+    PyObject *prologue_range_name;
+    /* saved-tensor hooks (torch._C._autograd) */
+    PyObject *saved_hooks_get_disabled_message;
+    PyObject *saved_hooks_disable;
+    PyObject *saved_hooks_enable;
+    PyObject *saved_hooks_error_message;
+
+    /* interned names and prebuilt constants */
+    PyObject *str_alias;
+    PyObject *str_dynamic_indices;        /* _dynamo_propagated_dynamic_indices */
+    PyObject *str_is_first;
+    PyObject *str_enter;
+    PyObject *str_exit;
+    PyObject *str_is_profiler_enabled;
+    PyObject *str_record_runtime_overhead;
+    PyObject *str_requires_grad;
+    PyObject *kwnames_replay_views;       /* ("replay_views",) */
+    PyObject *stream_error_message;
+    PyObject *wrapper_qualname;
+} rt_state;
+
+int rt_state_init(rt_state *st);          /* interned names: at module exec */
+int rt_torch_bind(rt_state *st);          /* torch look-ups: once, after torch imports */
+int rt_state_traverse(rt_state *st, visitproc visit, void *arg);
+void rt_state_clear(rt_state *st);
+
+/* Grad mode: torch.is_grad_enabled() / torch._C._set_grad_enabled(b).
+ * rt_grad_enabled returns 1, 0, or -1 with an exception set. */
+int rt_grad_enabled(rt_state *st);
+int rt_set_grad_enabled(rt_state *st, int enabled);
+/* torch._C._is_view_replay_enabled() / _set_view_replay_enabled(b) */
+int rt_view_replay_enabled(rt_state *st);
+int rt_set_view_replay_enabled(rt_state *st, int enabled);
+
+/* `with torch._C._DisableAutocast():` -> returns the guard object, or NULL. */
+PyObject *rt_disable_autocast_enter(rt_state *st);
+/* Leaves the guard; `failed` says whether an exception is pending (it is
+ * handed to __exit__ as a with-statement would, and kept). */
+int rt_disable_autocast_exit(rt_state *st, PyObject *guard, int failed);
+
+/* isinstance(obj, torch.Tensor): 1, 0, -1 */
+int rt_is_tensor(rt_state *st, PyObject *obj);
+/* self.<method>(*args): new reference. */
+PyObject *rt_tensor_call(rt_state *st, enum rt_tensor_method m, PyObject *self,
+                         PyObject *const *args, Py_ssize_t nargs);
+/* self.requires_grad truth value: 1, 0, -1 */
+int rt_tensor_requires_grad(rt_state *st, PyObject *self);
+/* torch.autograd.graph.increment_version(tuple) == torch._C._increment_version */
+int rt_increment_version(rt_state *st, PyObject *tensors);
+
+/* runtime_wrappers._unwrap_tensoralias(x): new reference to x.alias */
+PyObject *rt_unwrap_tensoralias(rt_state *st, PyObject *x);
+/* gen_alias_from_base(base, out, requires_grad, vms, replay_views=rv) */
+PyObject *rt_gen_alias_from_base(rt_state *st, PyObject *base, PyObject *out,
+                                 PyObject *requires_grad, PyObject *view_meta_sequence,
+                                 PyObject *replay_views);
+/* runtime_wrappers.mark_dynamo_propagated_dynamic_indices(t, dims) */
+int rt_mark_dynamic_indices(rt_state *st, PyObject *t, PyObject *dims);
+
+/* record_runtime_wrapper_prologue_enter(): *range is set to the entered
+ * range object, or NULL when the profiler or the config is off. */
+int rt_prologue_range_enter(rt_state *st, PyObject **range);
+/* record_runtime_wrapper_prologue_exit(): clears *range; keeps a pending
+ * exception. */
+int rt_prologue_range_exit(rt_state *st, PyObject **range);
+
+/* _disable_saved_tensors_hooks(): enter returns the previous message (a new
+ * reference, Py_None when hooks were enabled) or NULL; exit restores it. */
+PyObject *rt_saved_hooks_disable(rt_state *st);
+int rt_saved_hooks_restore(rt_state *st, PyObject *previous);
+
+/* A `with cm:` block around a call: enter returns __enter__'s result
+ * discarded; exit calls __exit__ with the pending exception, if any, as the
+ * with statement does. */
+int rt_context_enter(rt_state *st, PyObject *cm);
+int rt_context_exit(rt_state *st, PyObject *cm, int failed);
+
+/* Cleanup that runs while an exception may be pending (a `finally:`):
+ * rt_finally_begin stashes it; rt_finally_end puts it back, or, when the
+ * cleanup itself raised, keeps the new one with the old as __context__,
+ * exactly as Python does. Returns -1 when an exception is set at the end. */
+typedef struct { PyObject *type, *value, *tb; } rt_pending_error;
+void rt_finally_begin(rt_pending_error *saved);
+int rt_finally_end(rt_pending_error *saved, int cleanup_ok);
+
+#endif
