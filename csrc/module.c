@@ -5,6 +5,7 @@
  * by _bind_torch(), which the Python shim calls after importing torch: the
  * extension itself neither links nor imports torch at import time.
  */
+#include "autograd_function.h"
 #include "runtime_wrapper.h"
 #include "torch_api.h"
 
@@ -37,7 +38,7 @@ module_exec(PyObject *module)
     if (PyModule_AddType(module, st->RuntimeWrapperType) < 0) {
         return -1;
     }
-    return 0;
+    return rt_autograd_types_init(module, st);
 }
 
 static int

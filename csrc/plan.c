@@ -8,13 +8,12 @@ static const char *const PLAN_KEYS[] = {
     NULL,
 };
 
-static PyObject *
-required(PyObject *kwargs, const char *key)
+PyObject *
+rt_plan_required(PyObject *kwargs, const char *key)
 {
     PyObject *v = kwargs ? PyDict_GetItemString(kwargs, key) : NULL;
     if (v == NULL && !PyErr_Occurred()) {
-        PyErr_Format(PyExc_TypeError,
-                     "RuntimeWrapper() missing required keyword argument '%s'", key);
+        PyErr_Format(PyExc_TypeError, "plan: missing required keyword argument '%s'", key);
     }
     return v; /* borrowed */
 }
@@ -41,10 +40,10 @@ check_known_keys(PyObject *kwargs)
     return 0;
 }
 
-static int
-parse_bool(PyObject *kwargs, const char *key, bool *out)
+int
+rt_plan_bool(PyObject *kwargs, const char *key, bool *out)
 {
-    PyObject *v = required(kwargs, key);
+    PyObject *v = rt_plan_required(kwargs, key);
     if (v == NULL) {
         return -1;
     }
@@ -85,10 +84,10 @@ as_index(PyObject *v, const char *what, Py_ssize_t limit, Py_ssize_t *out)
 }
 
 /* A sequence of non-negative ints -> a PyMem array. */
-static int
-parse_indices(PyObject *kwargs, const char *key, Py_ssize_t *n, Py_ssize_t **out)
+int
+rt_plan_indices(PyObject *kwargs, const char *key, Py_ssize_t *n, Py_ssize_t **out)
 {
-    PyObject *v = required(kwargs, key);
+    PyObject *v = rt_plan_required(kwargs, key);
     if (v == NULL) {
         return -1;
     }
@@ -143,7 +142,7 @@ parse_records(PyObject *v, const char *key, Py_ssize_t arity)
 static int
 parse_mutations(rt_plan *plan, PyObject *kwargs)
 {
-    PyObject *seq = parse_records(required(kwargs, "mutations"), "mutations", 3);
+    PyObject *seq = parse_records(rt_plan_required(kwargs, "mutations"), "mutations", 3);
     if (seq == NULL) {
         return -1;
     }
@@ -189,7 +188,7 @@ done:
 static int
 parse_outputs(rt_plan *plan, PyObject *kwargs)
 {
-    PyObject *v = required(kwargs, "outputs");
+    PyObject *v = rt_plan_required(kwargs, "outputs");
     if (v == NULL) {
         return -1;
     }
@@ -250,7 +249,7 @@ done:
 static int
 parse_dynamic_dims(rt_plan *plan, PyObject *kwargs)
 {
-    PyObject *seq = parse_records(required(kwargs, "dynamic_dims"), "dynamic_dims", 2);
+    PyObject *seq = parse_records(rt_plan_required(kwargs, "dynamic_dims"), "dynamic_dims", 2);
     if (seq == NULL) {
         return -1;
     }
@@ -298,16 +297,16 @@ rt_plan_parse(rt_plan *plan, PyObject *compiled_fn, PyObject *kwargs)
     }
     plan->compiled_fn = Py_NewRef(compiled_fn);
     bool replay_views;
-    if (parse_bool(kwargs, "trace_joint", &plan->trace_joint) < 0 ||
-        parse_bool(kwargs, "disable_amp", &plan->disable_amp) < 0 ||
-        parse_bool(kwargs, "disable_saved_tensors_hooks", &plan->disable_saved_hooks) < 0 ||
-        parse_bool(kwargs, "replay_views", &replay_views) < 0) {
+    if (rt_plan_bool(kwargs, "trace_joint", &plan->trace_joint) < 0 ||
+        rt_plan_bool(kwargs, "disable_amp", &plan->disable_amp) < 0 ||
+        rt_plan_bool(kwargs, "disable_saved_tensors_hooks", &plan->disable_saved_hooks) < 0 ||
+        rt_plan_bool(kwargs, "replay_views", &replay_views) < 0) {
         return -1;
     }
     plan->replay_views = Py_NewRef(replay_views ? Py_True : Py_False);
-    if (parse_indices(kwargs, "capture", &plan->n_capture, &plan->capture) < 0 ||
-        parse_indices(kwargs, "bump", &plan->n_bump, &plan->bump) < 0 ||
-        parse_indices(kwargs, "detach", &plan->n_detach, &plan->detach) < 0) {
+    if (rt_plan_indices(kwargs, "capture", &plan->n_capture, &plan->capture) < 0 ||
+        rt_plan_indices(kwargs, "bump", &plan->n_bump, &plan->bump) < 0 ||
+        rt_plan_indices(kwargs, "detach", &plan->n_detach, &plan->detach) < 0) {
         return -1;
     }
     if (plan->n_detach && !plan->trace_joint) {
@@ -315,9 +314,9 @@ rt_plan_parse(rt_plan *plan, PyObject *compiled_fn, PyObject *kwargs)
         return -1;
     }
     PyObject *v;
-    if ((v = required(kwargs, "num_mutated")) == NULL ||
+    if ((v = rt_plan_required(kwargs, "num_mutated")) == NULL ||
         as_index(v, "num_mutated", -1, &plan->num_mutated) < 0 ||
-        (v = required(kwargs, "expected_outs")) == NULL ||
+        (v = rt_plan_required(kwargs, "expected_outs")) == NULL ||
         as_index(v, "expected_outs", -1, &plan->expected_outs) < 0) {
         return -1;
     }
@@ -330,7 +329,7 @@ rt_plan_parse(rt_plan *plan, PyObject *compiled_fn, PyObject *kwargs)
         parse_dynamic_dims(plan, kwargs) < 0) {
         return -1;
     }
-    if ((v = required(kwargs, "grad_enabled_mutation")) == NULL) {
+    if ((v = rt_plan_required(kwargs, "grad_enabled_mutation")) == NULL) {
         return -1;
     }
     if (v != Py_None && !PyBool_Check(v)) {

@@ -9,6 +9,8 @@ static const char *const TENSOR_METHOD_NAMES[RT_N_TENSOR_METHODS] = {
     [RT_SIZE] = "size",
     [RT_STRIDE] = "stride",
     [RT_STORAGE_OFFSET] = "storage_offset",
+    [RT_IS_VIEW] = "_is_view",
+    [RT_IS_CONTIGUOUS] = "is_contiguous",
 };
 
 /* Upstream's messages, verbatim (runtime_wrappers.py). */
@@ -41,6 +43,27 @@ rt_state_init(rt_state *st)
     INTERN(str_record_runtime_overhead, "record_runtime_overhead");
     INTERN(str_requires_grad, "requires_grad");
     INTERN(wrapper_qualname, "_create_runtime_wrapper.<locals>.runtime_wrapper");
+    INTERN(str_to_save, "to_save");
+    INTERN(str_non_differentiable, "non_differentiable");
+    INTERN(str_materialize_non_diff_grads, "_materialize_non_diff_grads");
+    INTERN(str_tensors_no_vc_check, "_tensors_no_vc_check");
+    INTERN(str_symints, "symints");
+    INTERN(str_opaque_objects, "opaque_objects");
+    INTERN(str_saved_tensors, "saved_tensors");
+    INTERN(str_backward_state, "_compiled_autograd_backward_state");
+    INTERN(str_shape, "shape");
+    INTERN(str_boxed_call, "_boxed_call");
+    INTERN(str_context, "context");
+    INTERN(str_run, "run");
+    INTERN(str_get_or_compile, "get_or_compile");
+    INTERN(str_compiled_bw, "compiled_bw");
+    INTERN(str_bw_donated_idxs, "bw_donated_idxs");
+    INTERN(str_donated_buffer, "donated_buffer");
+    if ((st->kwnames_use_once = Py_BuildValue("(s)", "saved_tensors_use_once")) == NULL ||
+        (st->kwnames_memory_format = Py_BuildValue("(s)", "memory_format")) == NULL ||
+        (st->kwnames_steal_disable_amp = Py_BuildValue("(ss)", "steal_args", "disable_amp")) == NULL) {
+        return -1;
+    }
     for (int m = 0; m < RT_N_TENSOR_METHODS; m++) {
         INTERN(method_names[m], TENSOR_METHOD_NAMES[m]);
     }
@@ -98,6 +121,65 @@ bind_type(PyTypeObject **field, const char *module, const char *name)
         return -1;
     }
     Py_XSETREF(*field, (PyTypeObject *)obj);
+    return 0;
+}
+
+/* The callables CompiledFunction's forward and backward use. */
+static int
+bind_autograd(rt_state *st)
+{
+    const char *RW = "torch._functorch._aot_autograd.runtime_wrappers";
+    BIND(FunctionBase, "torch._C", "_FunctionBase");
+    /* The classmethod itself, not `_FunctionBase.apply` (already bound). */
+    {
+        PyObject *d = PyObject_GetAttrString(st->FunctionBase, "__dict__");
+        if (d == NULL) {
+            return -1;
+        }
+        Py_XSETREF(st->function_base_apply, PyMapping_GetItemString(d, "apply"));
+        Py_DECREF(d);
+        if (st->function_base_apply == NULL) {
+            return -1;
+        }
+    }
+    BIND(maybe_clear_saved_tensors, "torch._C", "_FunctionBase");
+    Py_SETREF(st->maybe_clear_saved_tensors,
+              PyObject_GetAttrString(st->maybe_clear_saved_tensors, "maybe_clear_saved_tensors"));
+    if (st->maybe_clear_saved_tensors == NULL) {
+        return -1;
+    }
+    BIND(functorch_transforms_active, "torch._C", "_are_functorch_transforms_active");
+    BIND(unwrap_if_dead, "torch._C._functorch", "unwrap_if_dead");
+    BIND(peek_interpreter_stack, "torch._C._functorch", "peek_interpreter_stack");
+    BIND(deterministic_enabled, "torch._C", "_get_deterministic_algorithms");
+    BIND(is_key_in_tls, "torch._C", "_is_key_in_tls");
+    BIND(get_obj_in_tls, "torch._C", "_get_obj_in_tls");
+    BIND(keep_graph, "torch._C._autograd", "_get_current_graph_task_keep_graph");
+    BIND(BackwardState, RW, "BackwardState");
+    BIND(SymInt, "torch", "SymInt");
+    BIND(SymFloat, "torch", "SymFloat");
+    BIND(unsafe_view, "torch.ops.aten", "_unsafe_view");
+    BIND(partial, "functools", "partial");
+    BIND(functorch_config, "torch._functorch.config", NULL);
+    BIND(process_runtime_tangent, RW, "AOTDispatchAutograd");
+    Py_SETREF(st->process_runtime_tangent,
+              PyObject_GetAttrString(st->process_runtime_tangent, "process_runtime_tangent"));
+    if (st->process_runtime_tangent == NULL) {
+        return -1;
+    }
+    BIND(coerce_memory_format, RW, "coerce_to_expected_memory_format");
+    BIND(call_func_at_runtime, RW, "call_func_at_runtime_with_args");
+    /* Opaque objects are recent; older torch has neither name. */
+    Py_XSETREF(st->is_opaque_type, lookup(RW, "is_opaque_type"));
+    Py_XSETREF(st->OpaqueBase, st->is_opaque_type ? lookup(RW, "OpaqueBase") : NULL);
+    if (st->OpaqueBase == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        Py_XSETREF(st->is_opaque_type, Py_NewRef(Py_None));
+        Py_XSETREF(st->OpaqueBase, Py_NewRef(Py_None));
+    }
     return 0;
 }
 
@@ -165,6 +247,9 @@ rt_torch_bind(rt_state *st)
          "_saved_tensors_hooks_get_disabled_error_message");
     BIND(saved_hooks_disable, "torch._C._autograd", "_saved_tensors_hooks_disable");
     BIND(saved_hooks_enable, "torch._C._autograd", "_saved_tensors_hooks_enable");
+    if (bind_autograd(st) < 0) {
+        return -1;
+    }
     st->bound = 1;
     return 0;
 }
@@ -182,7 +267,22 @@ rt_torch_bind(rt_state *st)
     X(str_dynamic_indices) X(str_is_first) X(str_enter) X(str_exit)       \
     X(str_is_profiler_enabled) X(str_record_runtime_overhead)             \
     X(str_requires_grad) X(kwnames_replay_views) X(stream_error_message)  \
-    X(wrapper_qualname)
+    X(wrapper_qualname) X(FunctionApplyType) X(CompiledForwardType)            \
+    X(CompiledBackwardType) X(BackwardThunkType) X(FunctionBase)          \
+    X(function_base_apply) X(maybe_clear_saved_tensors)                   \
+    X(functorch_transforms_active) X(unwrap_if_dead)                      \
+    X(peek_interpreter_stack) X(deterministic_enabled) X(is_key_in_tls)   \
+    X(get_obj_in_tls) X(keep_graph) X(BackwardState) X(SymInt) X(SymFloat) \
+    X(unsafe_view) X(partial) X(functorch_config)                         \
+    X(process_runtime_tangent) X(coerce_memory_format)                    \
+    X(call_func_at_runtime) X(is_opaque_type) X(OpaqueBase) X(str_to_save) \
+    X(str_non_differentiable) X(str_materialize_non_diff_grads)           \
+    X(str_tensors_no_vc_check) X(str_symints) X(str_opaque_objects)       \
+    X(str_saved_tensors) X(str_backward_state) X(str_shape)               \
+    X(str_boxed_call) X(str_context) X(str_run) X(str_get_or_compile)     \
+    X(str_compiled_bw) X(str_bw_donated_idxs) X(str_donated_buffer)       \
+    X(kwnames_use_once) X(kwnames_memory_format)                          \
+    X(kwnames_steal_disable_amp)
 
 int
 rt_state_traverse(rt_state *st, visitproc visit, void *arg)

@@ -23,6 +23,8 @@ enum rt_tensor_method {
     RT_SIZE,
     RT_STRIDE,
     RT_STORAGE_OFFSET,
+    RT_IS_VIEW,
+    RT_IS_CONTIGUOUS,
     RT_N_TENSOR_METHODS
 };
 
@@ -60,7 +62,53 @@ typedef struct rt_state {
     PyObject *saved_hooks_enable;
     PyObject *saved_hooks_error_message;
 
+    /* CompiledFunction (autograd_function.c) */
+    PyTypeObject *FunctionApplyType;
+    PyTypeObject *CompiledForwardType;
+    PyTypeObject *CompiledBackwardType;
+    PyTypeObject *BackwardThunkType;
+    PyObject *FunctionBase;               /* torch._C._FunctionBase */
+    PyObject *function_base_apply;        /* its `apply` classmethod descriptor */
+    PyObject *maybe_clear_saved_tensors;  /* _FunctionBase.maybe_clear_saved_tensors */
+    PyObject *functorch_transforms_active; /* torch._C._are_functorch_transforms_active */
+    PyObject *unwrap_if_dead;             /* torch._C._functorch.unwrap_if_dead */
+    PyObject *peek_interpreter_stack;     /* torch._C._functorch.peek_interpreter_stack */
+    PyObject *deterministic_enabled;      /* torch._C._get_deterministic_algorithms */
+    PyObject *is_key_in_tls;              /* torch._C._is_key_in_tls */
+    PyObject *get_obj_in_tls;             /* torch._C._get_obj_in_tls */
+    PyObject *keep_graph;                 /* _autograd._get_current_graph_task_keep_graph */
+    PyObject *BackwardState;
+    PyObject *SymInt;
+    PyObject *SymFloat;
+    PyObject *unsafe_view;                /* torch.ops.aten._unsafe_view */
+    PyObject *partial;                    /* functools.partial */
+    PyObject *functorch_config;           /* torch._functorch.config */
+    PyObject *process_runtime_tangent;    /* AOTDispatchAutograd.process_runtime_tangent */
+    PyObject *coerce_memory_format;       /* coerce_to_expected_memory_format */
+    PyObject *call_func_at_runtime;       /* call_func_at_runtime_with_args */
+    PyObject *is_opaque_type;             /* None where torch has no opaque objects */
+    PyObject *OpaqueBase;
+
     /* interned names and prebuilt constants */
+    PyObject *str_to_save;
+    PyObject *str_non_differentiable;
+    PyObject *str_materialize_non_diff_grads;
+    PyObject *str_tensors_no_vc_check;
+    PyObject *str_symints;
+    PyObject *str_opaque_objects;
+    PyObject *str_saved_tensors;
+    PyObject *str_backward_state;         /* _compiled_autograd_backward_state */
+    PyObject *str_shape;
+    PyObject *str_boxed_call;
+    PyObject *str_context;
+    PyObject *str_run;
+    PyObject *str_get_or_compile;
+    PyObject *str_compiled_bw;
+    PyObject *str_bw_donated_idxs;
+    PyObject *str_donated_buffer;
+    PyObject *kwnames_use_once;           /* ("saved_tensors_use_once",) */
+    PyObject *kwnames_memory_format;      /* ("memory_format",) */
+    PyObject *kwnames_steal_disable_amp;  /* ("steal_args", "disable_amp") */
     PyObject *str_alias;
     PyObject *str_dynamic_indices;        /* _dynamo_propagated_dynamic_indices */
     PyObject *str_is_first;
