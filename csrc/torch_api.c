@@ -158,7 +158,16 @@ bind_autograd(rt_state *st)
     BIND(BackwardState, RW, "BackwardState");
     BIND(SymInt, "torch", "SymInt");
     BIND(SymFloat, "torch", "SymFloat");
-    BIND(unsafe_view, "torch.ops.aten", "_unsafe_view");
+    /* torch.ops.aten is an attribute namespace, not an importable module */
+    BIND(unsafe_view, "torch", "ops");
+    Py_SETREF(st->unsafe_view, PyObject_GetAttrString(st->unsafe_view, "aten"));
+    if (st->unsafe_view == NULL) {
+        return -1;
+    }
+    Py_SETREF(st->unsafe_view, PyObject_GetAttrString(st->unsafe_view, "_unsafe_view"));
+    if (st->unsafe_view == NULL) {
+        return -1;
+    }
     BIND(partial, "functools", "partial");
     BIND(functorch_config, "torch._functorch.config", NULL);
     BIND(process_runtime_tangent, RW, "AOTDispatchAutograd");

@@ -1,5 +1,5 @@
-"""The one place that names torch internals: installs our builder in place of
-upstream's ``_create_runtime_wrapper``.
+"""The one place that names torch internals: installs our builders in place of
+upstream's ``_create_runtime_wrapper`` and ``AOTDispatchAutograd.post_compile``.
 
 ``RuntimeWrapper.post_compile`` looks ``_create_runtime_wrapper`` up as a module
 global on every compile, and it is the single place that ``torch.compile``,
@@ -49,6 +49,23 @@ def install() -> None:
         _installed["ours"] = _create_runtime_wrapper
         rw._create_runtime_wrapper = _create_runtime_wrapper
 
+        # AOTDispatchAutograd.post_compile builds CompiledFunction; graph_compile
+        # and the AOTAutogradCache both call it through the class attribute.
+        from . import _autograd_plan
+
+        upstream_post_compile = rw.AOTDispatchAutograd.post_compile
+
+        def post_compile(spec):
+            from . import is_enabled
+
+            if not is_enabled():
+                return upstream_post_compile(spec)
+            return _autograd_plan.build_autograd_post_compile(upstream_post_compile, spec)
+
+        _installed["upstream_post_compile"] = upstream_post_compile
+        _installed["ours_post_compile"] = post_compile
+        rw.AOTDispatchAutograd.post_compile = staticmethod(post_compile)
+
 
 def uninstall() -> None:
     """Put upstream's builder back (used by tests; ``disable()`` is the user API)."""
@@ -58,4 +75,10 @@ def uninstall() -> None:
         rw = _runtime_wrappers_module()
         if rw._create_runtime_wrapper is _installed["ours"]:
             rw._create_runtime_wrapper = _installed["upstream"]
+        if rw.AOTDispatchAutograd.__dict__["post_compile"].__func__ is _installed[
+            "ours_post_compile"
+        ]:
+            rw.AOTDispatchAutograd.post_compile = staticmethod(
+                _installed["upstream_post_compile"]
+            )
         _installed.clear()

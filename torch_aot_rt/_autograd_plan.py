@@ -1,0 +1,218 @@
+"""AOTAutograd's CompiledFunction -> the plans of its C forward and backward.
+
+Upstream's ``_AOTDispatchAutogradFunctionFactory.build`` still builds the class:
+it carries every attribute that compiled autograd and AOTAutogradCache read
+(``_aot_id``, ``metadata``, ``_lazy_backward_info``, ``_bw_prologue_fn``, ...).
+We then replace its ``forward`` and ``backward`` with C callables whose plans
+mirror the build-time half of ``_codegen_compiled_forward``,
+``_AutogradSavedState``, the generated forward epilogue,
+``_codegen_backward_prologue``, ``_backward_impl`` and
+``_codegen_backward_epilogue``; and the runtime wrapper calls a C boxed
+``apply`` instead of ``make_boxed_func(CompiledFunction.apply)``.
+
+What the C path does not cover keeps upstream's class as built, counted in
+``torch_aot_rt.stats()`` with the reason.
+"""
+
+from __future__ import annotations
+
+from ._plan import Unsupported
+
+TANGENT_STRIDES, TANGENT_MEMORY_FORMAT, TANGENT_PYTHON = 0, 1, 2
+
+
+def _closure(fn) -> dict:
+    return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+
+
+def _span(s) -> tuple:
+    if not isinstance(s, slice) or s.step not in (None, 1):
+        raise Unsupported(f"saved-for-backward slice {s!r}")
+    for bound in (s.start, s.stop):
+        if bound is not None and (not isinstance(bound, int) or bound < 0):
+            raise Unsupported(f"saved-for-backward slice {s!r}")
+    return (s.start, s.stop)
+
+
+def _forward_plan(cls, spec, rng_state) -> dict:
+    from torch._functorch._aot_autograd.schemas import MutationType
+
+    meta = spec.fw_metadata
+    num_mut = meta.num_mutated_inp_runtime_indices
+    metadata_wraps = tuple(
+        i
+        for i, idx in enumerate(meta.mutated_inp_runtime_indices)
+        if meta.input_info[idx].mutates_metadata and not meta.input_info[idx].mutates_data
+    )
+    unsafe_views = ()
+    if meta.num_unsafe_view_outputs > 0:
+        unsafe_views = tuple(num_mut + idx for idx in meta.unsafe_view_out_indices)
+    aliased = ()
+    if meta.num_outputs_aliased > 0:
+        aliased = tuple(num_mut + idx for idx in meta.aliased_out_indices)
+    returns_meta = [
+        x for x in meta.input_info if x.mutation_type == MutationType.MUTATED_OUT_GRAPH
+    ] + list(meta.output_info)
+    non_diff = tuple(
+        i
+        for i, m in enumerate(returns_meta)
+        if i < num_mut + meta.num_outputs and not m.requires_grad
+    )
+    dynamic_saved = tuple(
+        (int(idx), dims) for idx, dims in meta.dynamic_saved_tensors_idxs.items()
+    )
+    return dict(
+        compiled_fw=cls.compiled_fw,
+        rng_add_forward_args=rng_state.add_forward_args if rng_state.num_rng > 0 else None,
+        backward_state_index=(
+            spec.backward_state_indices[0] if spec.backward_state_indices else None
+        ),
+        disable_amp=bool(spec.disable_amp),
+        num_forward_returns=meta.num_forward_returns,
+        saved_vc=_span(meta.tensors_saved_for_backwards_with_vc_check_slice),
+        saved_no_vc=_span(meta.tensors_saved_for_backwards_no_vc_check_slice),
+        saved_symints=_span(meta.symints_saved_for_backwards_slice),
+        saved_opaque=_span(meta.opaque_objects_saved_for_backwards_slice),
+        dynamic_saved=dynamic_saved,
+        metadata_mutation_wraps=metadata_wraps,
+        unsafe_view_outputs=unsafe_views,
+        aliased_outputs=aliased,
+        non_differentiable=non_diff,
+    )
+
+
+def _tangent_plan(tangent_meta, desc, stack_trace) -> tuple:
+    from torch._functorch._aot_autograd.schemas import PlainTensorMeta
+
+    mf = getattr(tangent_meta, "memory_format", None)
+    kind = TANGENT_PYTHON
+    if type(tangent_meta) is PlainTensorMeta and mf:
+        if mf.memory_format is not None:
+            kind = TANGENT_MEMORY_FORMAT
+        elif mf.size is not None and mf.stride is not None:
+            kind = TANGENT_STRIDES
+    return (
+        kind,
+        tangent_meta,
+        mf,
+        getattr(mf, "size", None),
+        getattr(mf, "stride", None),
+        getattr(mf, "memory_format", None),
+        desc,
+        stack_trace,
+    )
+
+
+def _backward_plan(cls, spec, rng_state, backward_compiler) -> dict:
+    import torch
+    from torch._functorch._aot_autograd.schemas import OutputType
+
+    meta = spec.fw_metadata
+    num_mut = meta.num_mutated_inp_runtime_indices
+    expected = meta.num_outputs + num_mut + meta.num_intermediate_bases
+    # _codegen_backward_prologue: the grads that reach the compiled backward
+    surviving = [
+        i
+        for i, idx in enumerate(meta.mutated_inp_runtime_indices)
+        if meta.input_info[idx].mutates_data and meta.input_info[idx].requires_grad
+    ]
+    plain_kinds = (OutputType.non_alias, OutputType.unsafe_view_alias,
+                   OutputType.custom_function_view)
+    surviving += [
+        num_mut + i
+        for i, info in enumerate(meta.output_info)
+        if info.output_type in plain_kinds
+        and issubclass(info.raw_type, torch.Tensor)
+        and info.requires_grad_for_backward
+    ]
+    surviving += list(range(num_mut + meta.num_outputs, expected))
+    tangent_metas = meta.subclass_tangent_meta
+    descs = meta.traced_tangents_descs
+    stacks = meta.tangent_source_stack_traces or ()
+    if len(surviving) > min(len(tangent_metas), len(descs)):
+        raise Unsupported("fewer tangent metas than grads")
+    tangents = tuple(
+        _tangent_plan(tangent_metas[j], descs[j], stacks[j] if stacks else None)
+        for j in range(len(surviving))
+    )
+    deterministic = meta.deterministic
+    return dict(
+        cls=cls,
+        backward_compiler=backward_compiler,
+        fw_metadata=meta,
+        compile_id=meta.compile_id_str,
+        rng_add_backward_args=rng_state.add_backward_args if rng_state.num_rng > 0 else None,
+        disable_amp=bool(spec.disable_amp),
+        has_backward_state=bool(spec.backward_state_indices),
+        check_deterministic=deterministic is not None and not deterministic,
+        has_mutations_in_bw=bool(
+            meta.indices_of_inputs_that_requires_grad_with_mutations_in_bw
+        ),
+        inputs_require_grad=any(inp.requires_grad for inp in meta.input_info),
+        has_no_vc_check=bool(meta.num_tensors_saved_with_no_vc_check),
+        expected_grad_outs=expected,
+        num_backward_tokens=meta.num_backward_tokens,
+        surviving=tuple(surviving),
+        tangents=tangents,
+    )
+
+
+def install_c_function(cls, spec):
+    """Give ``cls`` C forward/backward; return the C boxed ``apply``.
+
+    Raises :class:`Unsupported` before touching ``cls`` when the C path does
+    not cover this graph.
+    """
+    from torch._functorch import config as functorch_config
+
+    from . import _C
+
+    meta = spec.fw_metadata
+    if spec.maybe_subclass_meta is not None:
+        raise Unsupported("CompiledFunction: tensor subclass inputs or outputs")
+    if meta.is_rng_op_functionalized:
+        raise Unsupported("CompiledFunction: functionalized RNG ops")
+    if functorch_config.debug_assert:
+        raise Unsupported("CompiledFunction: config.debug_assert is on")
+    try:
+        fwd_vars = _closure(cls.__dict__["forward"].__func__)
+        impl_vars = _closure(cls.__dict__["_backward_impl"].__func__)
+        rng_state = fwd_vars["rng_state"]
+        backward_compiler = impl_vars["backward_compiler"]
+        forward = _C.CompiledForward(**_forward_plan(cls, spec, rng_state))
+        backward = _C.CompiledBackward(
+            **_backward_plan(cls, spec, rng_state, backward_compiler)
+        )
+        apply = _C.FunctionApply(cls)
+    except (AttributeError, KeyError) as e:
+        raise Unsupported(f"CompiledFunction: torch internals differ: {e!r}") from None
+    apply._boxed_call = True
+    cls.forward = staticmethod(forward)
+    cls.backward = staticmethod(backward)
+    return apply
+
+
+def build_autograd_post_compile(upstream_post_compile, spec):
+    """Our ``AOTDispatchAutograd.post_compile``."""
+    import torch._functorch._aot_autograd.runtime_wrappers as rw
+
+    from . import _count_built, _count_fallback
+
+    factory = getattr(rw, "_AOTDispatchAutogradFunctionFactory", None)
+    if factory is None:
+        _count_fallback("CompiledFunction: no _AOTDispatchAutogradFunctionFactory in this torch")
+        return upstream_post_compile(spec)
+    cls = factory(spec).build()
+    try:
+        apply = install_c_function(cls, spec)
+        _count_built("autograd_functions")
+    except Unsupported as e:
+        _count_fallback(str(e))
+        apply = cls.apply
+    # upstream: RuntimeWrapper(...).post_compile(cls.apply, ...), which reaches
+    # our _create_runtime_wrapper.
+    return rw.RuntimeWrapper(
+        indices_of_inps_to_detach=spec.indices_of_inps_to_detach,
+        trace_joint=True,
+        disable_amp=spec.disable_amp,
+    ).post_compile(apply, spec.aot_config, runtime_metadata=spec.fw_metadata)
