@@ -196,11 +196,15 @@ def build_autograd_post_compile(upstream_post_compile, spec):
     """Our ``AOTDispatchAutograd.post_compile``."""
     import torch._functorch._aot_autograd.runtime_wrappers as rw
 
-    from . import _count_built, _count_fallback
+    from . import _count_built, _count_fallback, _patch
 
     factory = getattr(rw, "_AOTDispatchAutogradFunctionFactory", None)
-    if factory is None:
-        _count_fallback("CompiledFunction: no _AOTDispatchAutogradFunctionFactory in this torch")
+    if factory is None or _patch.bind_error() is not None:
+        _count_fallback(
+            f"CompiledFunction: {_patch.bind_error()}"
+            if factory is not None
+            else "CompiledFunction: no _AOTDispatchAutogradFunctionFactory in this torch"
+        )
         return upstream_post_compile(spec)
     cls = factory(spec).build()
     try:

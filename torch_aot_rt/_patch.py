@@ -27,20 +27,29 @@ def _runtime_wrappers_module():
     return rw
 
 
+def bind_error() -> str | None:
+    """Why the C runtime cannot run on this torch, or None."""
+    return _installed.get("bind_error")
+
+
 def install() -> None:
+    """Install our builders. Never raises for a torch whose internals differ:
+    the C path is then unavailable and every compile falls back, counted."""
     with _install_lock:
         if _installed:
             return
         rw = _runtime_wrappers_module()
-        from . import _C, _plan
+        from . import _C, _autograd_plan, _plan, is_enabled
 
-        _C._bind_torch()
+        try:
+            _C._bind_torch()
+        except Exception as e:  # an internal missing in this torch version
+            _installed["bind_error"] = f"torch internals differ: {e!r}"
+
         upstream = rw._create_runtime_wrapper
 
         @functools.wraps(upstream)
         def _create_runtime_wrapper(compiled_fn, **kwargs):
-            from . import is_enabled
-
             if not is_enabled():
                 return upstream(compiled_fn, **kwargs)
             return _plan.build_runtime_wrapper(upstream, compiled_fn, **kwargs)
@@ -51,20 +60,19 @@ def install() -> None:
 
         # AOTDispatchAutograd.post_compile builds CompiledFunction; graph_compile
         # and the AOTAutogradCache both call it through the class attribute.
-        from . import _autograd_plan
-
-        upstream_post_compile = rw.AOTDispatchAutograd.post_compile
+        autograd = getattr(rw, "AOTDispatchAutograd", None)
+        if autograd is None or not hasattr(autograd, "post_compile"):
+            return
+        upstream_post_compile = autograd.post_compile
 
         def post_compile(spec):
-            from . import is_enabled
-
             if not is_enabled():
                 return upstream_post_compile(spec)
             return _autograd_plan.build_autograd_post_compile(upstream_post_compile, spec)
 
         _installed["upstream_post_compile"] = upstream_post_compile
         _installed["ours_post_compile"] = post_compile
-        rw.AOTDispatchAutograd.post_compile = staticmethod(post_compile)
+        autograd.post_compile = staticmethod(post_compile)
 
 
 def uninstall() -> None:
@@ -75,9 +83,8 @@ def uninstall() -> None:
         rw = _runtime_wrappers_module()
         if rw._create_runtime_wrapper is _installed["ours"]:
             rw._create_runtime_wrapper = _installed["upstream"]
-        if rw.AOTDispatchAutograd.__dict__["post_compile"].__func__ is _installed[
-            "ours_post_compile"
-        ]:
+        ours = _installed.get("ours_post_compile")
+        if ours is not None and rw.AOTDispatchAutograd.__dict__["post_compile"].__func__ is ours:
             rw.AOTDispatchAutograd.post_compile = staticmethod(
                 _installed["upstream_post_compile"]
             )

@@ -186,9 +186,11 @@ def make_plan(compiled_fn, *, runtime_metadata, indices_of_inps_to_detach,
 
 def build_runtime_wrapper(upstream, compiled_fn, **kwargs):
     """Our ``_create_runtime_wrapper``: the C wrapper, or upstream's with a reason."""
-    from . import _C, _count_built, _count_fallback
+    from . import _C, _count_built, _count_fallback, _patch
 
     try:
+        if _patch.bind_error() is not None:
+            raise Unsupported(_patch.bind_error())
         plan = make_plan(compiled_fn, **kwargs)
     except Unsupported as e:
         _count_fallback(str(e))
