@@ -86,7 +86,8 @@ index_or_none(PyObject *v, const char *what, Py_ssize_t *out)
     return 0;
 }
 
-/* (start, stop) with stop None meaning "to the end": fw_outs[start:stop] */
+/* (start, stop) of a Python slice with step 1; None is kept as the
+ * "open" bound and negative bounds count from the end, at call time. */
 static int
 parse_span(PyObject *kwargs, const char *key, Py_ssize_t span[2])
 {
@@ -98,15 +99,20 @@ parse_span(PyObject *kwargs, const char *key, Py_ssize_t span[2])
         PyErr_Format(PyExc_ValueError, "plan: %s must be a (start, stop) tuple", key);
         return -1;
     }
-    if (index_or_none(PyTuple_GET_ITEM(v, 0), key, &span[0]) < 0 ||
-        index_or_none(PyTuple_GET_ITEM(v, 1), key, &span[1]) < 0) {
-        return -1;
-    }
-    if (span[0] < 0) {
-        span[0] = 0;
-    }
-    if (span[1] < 0) {
-        span[1] = PY_SSIZE_T_MAX;
+    for (int k = 0; k < 2; k++) {
+        PyObject *b = PyTuple_GET_ITEM(v, k);
+        if (b == Py_None) {
+            span[k] = k == 0 ? 0 : PY_SSIZE_T_MAX;
+            continue;
+        }
+        if (!PyLong_Check(b)) {
+            PyErr_Format(PyExc_ValueError, "plan: %s bounds must be ints or None", key);
+            return -1;
+        }
+        span[k] = PyLong_AsSsize_t(b);
+        if (span[k] == -1 && PyErr_Occurred()) {
+            return -1;
+        }
     }
     return 0;
 }
@@ -384,10 +390,13 @@ detach_views(rt_state *st, PyObject *tensors, const char *what)
     return out;
 }
 
+/* list[start:stop], Python's slice semantics */
 static PyObject *
 span_of(PyObject *list, const Py_ssize_t span[2])
 {
-    return PyList_GetSlice(list, span[0], span[1]);
+    Py_ssize_t start = span[0], stop = span[1];
+    PySlice_AdjustIndices(PyList_GET_SIZE(list), &start, &stop, 1);
+    return PyList_GetSlice(list, start, stop);
 }
 
 static int

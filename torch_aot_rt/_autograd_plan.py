@@ -29,7 +29,7 @@ def _span(s) -> tuple:
     if not isinstance(s, slice) or s.step not in (None, 1):
         raise Unsupported(f"saved-for-backward slice {s!r}")
     for bound in (s.start, s.stop):
-        if bound is not None and (not isinstance(bound, int) or bound < 0):
+        if bound is not None and not isinstance(bound, int):
             raise Unsupported(f"saved-for-backward slice {s!r}")
     return (s.start, s.stop)
 
