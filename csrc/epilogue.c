@@ -163,8 +163,16 @@ replay_output(rt_state *st, const rt_plan *plan, Py_ssize_t i,
         Py_DECREF(base);
         return NULL;
     }
-    result = rt_gen_alias_from_base(st, base, target, o->requires_grad,
-                                    o->view_meta_sequence, plan->replay_views);
+    result = NULL;
+    if (o->replay_sequence != NULL) {
+        /* C fast path of gen_alias_from_base's view-replay branch */
+        result = rt_alias_by_view_replay(st, base, target, o->requires_grad == Py_True,
+                                         o->replay_sequence);
+    }
+    if (result == NULL && !PyErr_Occurred()) {
+        result = rt_gen_alias_from_base(st, base, target, o->requires_grad,
+                                        o->view_meta_sequence, plan->replay_views);
+    }
     Py_DECREF(base);
     Py_DECREF(target);
     return result;

@@ -195,7 +195,7 @@ parse_outputs(rt_plan *plan, PyObject *kwargs)
     if (v == Py_None) {
         return 0;
     }
-    PyObject *seq = parse_records(v, "outputs", 5);
+    PyObject *seq = parse_records(v, "outputs", 6);
     if (seq == NULL) {
         return -1;
     }
@@ -239,6 +239,15 @@ parse_outputs(rt_plan *plan, PyObject *kwargs)
         o->unwrap_base = unwrap == Py_True;
         o->requires_grad = Py_NewRef(rg);
         o->view_meta_sequence = Py_NewRef(PyTuple_GET_ITEM(rec, 4));
+        PyObject *replay = PyTuple_GET_ITEM(rec, 5);
+        if (replay != Py_None) {
+            if (!PyList_Check(replay) && !PyTuple_Check(replay)) {
+                PyErr_Format(PyExc_ValueError,
+                             "plan: outputs[%zd] replay sequence must be a list or None", i);
+                goto done;
+            }
+            o->replay_sequence = Py_NewRef(replay);
+        }
     }
     rc = 0;
 done:
@@ -347,6 +356,7 @@ rt_plan_traverse(rt_plan *plan, visitproc visit, void *arg)
     Py_VISIT(plan->compiled_fn);
     for (Py_ssize_t i = 0; i < plan->n_outputs; i++) {
         Py_VISIT(plan->outputs[i].view_meta_sequence);
+        Py_VISIT(plan->outputs[i].replay_sequence);
     }
     for (Py_ssize_t i = 0; i < plan->n_dynamic; i++) {
         Py_VISIT(plan->dynamic[i].dims);
@@ -363,6 +373,7 @@ rt_plan_clear(rt_plan *plan)
         for (Py_ssize_t i = 0; i < plan->n_outputs; i++) {
             Py_CLEAR(plan->outputs[i].requires_grad);
             Py_CLEAR(plan->outputs[i].view_meta_sequence);
+            Py_CLEAR(plan->outputs[i].replay_sequence);
         }
     }
     if (plan->dynamic) {

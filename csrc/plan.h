@@ -44,6 +44,9 @@ typedef struct {
     Py_ssize_t index;         /* captured-input slot, or index into fw_outs */
     PyObject *requires_grad;  /* Py_True / Py_False (immortal enough: owned) */
     PyObject *view_meta_sequence;
+    /* view_meta_sequence.sequence when gen_alias_from_base would replay it
+     * (replay_views, no symbolic inputs: decided at build), else NULL */
+    PyObject *replay_sequence;
 } rt_output;
 
 typedef struct {

@@ -11,6 +11,7 @@ static const char *const TENSOR_METHOD_NAMES[RT_N_TENSOR_METHODS] = {
     [RT_STORAGE_OFFSET] = "storage_offset",
     [RT_IS_VIEW] = "_is_view",
     [RT_IS_CONTIGUOUS] = "is_contiguous",
+    [RT_REQUIRES_GRAD_] = "requires_grad_",
 };
 
 /* Upstream's messages, verbatim (runtime_wrappers.py). */
@@ -236,6 +237,7 @@ rt_torch_bind(rt_state *st)
     BIND(TensorAlias, "torch._functorch._aot_autograd.schemas", "TensorAlias");
     BIND(gen_alias_from_base, "torch._functorch._aot_autograd.runtime_wrappers",
          "gen_alias_from_base");
+    BIND(apply_view_meta_sequence, "torch._C._functionalization", "apply_view_meta_sequence");
     {
         PyObject *profiler = lookup("torch.autograd.profiler", NULL);
         if (profiler == NULL) {
@@ -269,7 +271,7 @@ rt_torch_bind(rt_state *st)
     X(is_view_replay_enabled) X(set_view_replay_enabled) X(DisableAutocast) \
     X(DisableAutocast_enter) X(DisableAutocast_exit) X(Tensor) X(Parameter) \
     X(requires_grad_descr) X(increment_version) X(TensorAlias)            \
-    X(gen_alias_from_base) X(profiler_globals) X(dynamo_config)           \
+    X(gen_alias_from_base) X(apply_view_meta_sequence) X(profiler_globals) X(dynamo_config)           \
     X(RecordFunctionFast) X(prologue_range_name)                          \
     X(saved_hooks_get_disabled_message) X(saved_hooks_disable)            \
     X(saved_hooks_enable) X(saved_hooks_error_message) X(str_alias)       \
@@ -571,6 +573,45 @@ rt_gen_alias_from_base(rt_state *st, PyObject *base, PyObject *out,
     PyObject *argv[5] = {base, out, requires_grad, view_meta_sequence, replay_views};
     return PyObject_Vectorcall(st->gen_alias_from_base, argv, 4,
                                st->kwnames_replay_views);
+}
+
+PyObject *
+rt_alias_by_view_replay(rt_state *st, PyObject *base, PyObject *target,
+                        int requires_grad, PyObject *sequence)
+{
+    PyObject *argv[2] = {base, sequence};
+    PyObject *out = PyObject_Vectorcall(st->apply_view_meta_sequence, argv, 2, NULL);
+    if (out == NULL) {
+        return NULL;
+    }
+    /* if out.shape != target_meta_tensor.shape: upstream raises */
+    PyObject *out_shape = rt_tensor_call(st, RT_SIZE, out, NULL, 0);
+    PyObject *target_shape = out_shape ? rt_tensor_call(st, RT_SIZE, target, NULL, 0) : NULL;
+    int same = target_shape ? PyObject_RichCompareBool(out_shape, target_shape, Py_EQ) : -1;
+    Py_XDECREF(out_shape);
+    Py_XDECREF(target_shape);
+    if (same <= 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    /* patch_requires_grad(out) */
+    int base_rg = rt_tensor_requires_grad(st, base);
+    if (base_rg < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    if (base_rg && !requires_grad) {
+        Py_SETREF(out, rt_tensor_call(st, RT_DETACH, out, NULL, 0));
+    }
+    else if (!base_rg && requires_grad) {
+        PyObject *arg = Py_True;
+        PyObject *r = rt_tensor_call(st, RT_REQUIRES_GRAD_, out, &arg, 1);
+        if (r == NULL) {
+            Py_CLEAR(out);
+        }
+        Py_XDECREF(r);
+    }
+    return out;
 }
 
 int

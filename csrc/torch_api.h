@@ -25,6 +25,7 @@ enum rt_tensor_method {
     RT_STORAGE_OFFSET,
     RT_IS_VIEW,
     RT_IS_CONTIGUOUS,
+    RT_REQUIRES_GRAD_,
     RT_N_TENSOR_METHODS
 };
 
@@ -51,6 +52,7 @@ typedef struct rt_state {
     PyObject *increment_version;          /* torch._C._increment_version */
     PyObject *TensorAlias;                /* aot_autograd schemas.TensorAlias */
     PyObject *gen_alias_from_base;        /* runtime_wrappers.gen_alias_from_base */
+    PyObject *apply_view_meta_sequence;   /* torch._C._functionalization.<same> */
     /* profiler range */
     PyObject *profiler_globals;           /* torch.autograd.profiler.__dict__ */
     PyObject *dynamo_config;              /* torch._dynamo.config */
@@ -157,6 +159,13 @@ PyObject *rt_unwrap_tensoralias(rt_state *st, PyObject *x);
 PyObject *rt_gen_alias_from_base(rt_state *st, PyObject *base, PyObject *out,
                                  PyObject *requires_grad, PyObject *view_meta_sequence,
                                  PyObject *replay_views);
+/* gen_alias_from_base's view-replay branch, for a plan that established
+ * replay_views and a sequence with no symbolic inputs: replay the sequence on
+ * the base, check the shape, patch requires_grad. Returns a new reference,
+ * or NULL with an exception, or NULL without one when the shapes differ (the
+ * caller then runs upstream's gen_alias_from_base, which raises its error). */
+PyObject *rt_alias_by_view_replay(rt_state *st, PyObject *base, PyObject *target,
+                                  int requires_grad, PyObject *sequence);
 /* runtime_wrappers.mark_dynamo_propagated_dynamic_indices(t, dims) */
 int rt_mark_dynamic_indices(rt_state *st, PyObject *t, PyObject *dims);
 

@@ -79,7 +79,18 @@ def _mutations(runtime_metadata, slot_of):
     return tuple(plan)
 
 
-def _outputs(runtime_metadata, slot_of, OutputType):
+def _replay_sequence(info, replay_views):
+    """The ViewMeta list gen_alias_from_base would replay, or None when it
+    would take another branch (decided by metadata and config only)."""
+    vms = info.view_meta_sequence
+    if not replay_views or vms is None:
+        return None
+    if any(vm.has_symbolic_inputs for vm in vms.sequence):
+        return None
+    return list(vms.sequence)
+
+
+def _outputs(runtime_metadata, slot_of, OutputType, replay_views):
     """One entry per user output: the handlers of ``_replay_output_aliases``."""
     if runtime_metadata.num_outputs_aliased == 0:
         return None
@@ -93,9 +104,9 @@ def _outputs(runtime_metadata, slot_of, OutputType):
             OutputType.unsafe_view_alias,
             OutputType.custom_function_view,
         ):
-            plan.append((OUT_PASS, 0, False, False, None))
+            plan.append((OUT_PASS, 0, False, False, None, None))
         elif kind == OutputType.is_input:
-            plan.append((OUT_IS_INPUT, slot_of[info.base_idx], False, False, None))
+            plan.append((OUT_IS_INPUT, slot_of[info.base_idx], False, False, None, None))
         elif kind == OutputType.alias_of_input:
             plan.append(
                 (
@@ -104,6 +115,7 @@ def _outputs(runtime_metadata, slot_of, OutputType):
                     False,
                     bool(info.requires_grad),
                     info.view_meta_sequence,
+                    _replay_sequence(info, replay_views),
                 )
             )
         elif kind in (
@@ -124,6 +136,7 @@ def _outputs(runtime_metadata, slot_of, OutputType):
                     unwrap_base,
                     bool(info.requires_grad),
                     info.view_meta_sequence,
+                    _replay_sequence(info, replay_views),
                 )
             )
         else:
@@ -155,6 +168,7 @@ def make_plan(compiled_fn, *, runtime_metadata, indices_of_inps_to_detach,
         if keep_input_mutations:
             bump = tuple(meta.mutated_graph_handled_indices_seen_by_autograd)
         num_mutated = meta.num_mutated_inp_runtime_indices
+        replay_views = bool(functorch_config.view_replay_for_aliased_outputs)
         plan = dict(
             trace_joint=bool(trace_joint),
             disable_amp=bool(disable_amp),
@@ -164,8 +178,8 @@ def make_plan(compiled_fn, *, runtime_metadata, indices_of_inps_to_detach,
             num_mutated=num_mutated,
             expected_outs=num_mutated + meta.num_outputs + meta.num_intermediate_bases,
             mutations=_mutations(meta, slot_of),
-            outputs=_outputs(meta, slot_of, OutputType),
-            replay_views=bool(functorch_config.view_replay_for_aliased_outputs),
+            outputs=_outputs(meta, slot_of, OutputType, replay_views),
+            replay_views=replay_views,
             dynamic_dims=_dynamic_dims(meta),
             grad_enabled_mutation=meta.grad_enabled_mutation,
             # Older torch has no custom-op aliasing check on first invocation.
