@@ -1,0 +1,135 @@
+"""End to end: ``torch.compile(backend="aot_eager")`` of a one-op function, with
+upstream's runtime wrapper and with the C one, against eager.
+
+Each (row, variant) compiles its own copy of the function (a distinct code
+object, so Dynamo keeps a separate cache entry with one guard set each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch._dynamo
+
+from benchmarks import _cases  # sets the TORCH_AOT_RT=0 default, loads torch_aot_rt
+
+E2E_VARIANTS = ("eager", "upstream", "c")
+
+
+def one_op(x):
+    return x.sin()
+
+
+# row -> (description, requires_grad, context manager factory)
+ROWS: dict[str, tuple[str, bool, Callable[[], contextlib.AbstractContextManager]]] = {
+    "no_grad_input": ("x.sin(), requires_grad=False", False, contextlib.nullcontext),
+    "inference_mode": (
+        "x.sin(), under torch.inference_mode()",
+        False,
+        torch.inference_mode,
+    ),
+    "requires_grad": (
+        "x.sin(), requires_grad=True (forward only)",
+        True,
+        contextlib.nullcontext,
+    ),
+}
+
+
+def _fresh_copy(fn, tag: str):
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
+    return types.FunctionType(code, fn.__globals__, code.co_name)
+
+
+@dataclass
+class E2ECase:
+    name: str
+    description: str
+    x: torch.Tensor
+    context: Callable[[], contextlib.AbstractContextManager]
+    fns: dict[str, Callable] = field(default_factory=dict)
+    c_note: str | None = None
+    c_stats: dict | None = None  # torch_aot_rt.stats() delta of the C compile
+
+    def call(self, variant: str):
+        fn = self.fns.get(variant)
+        if fn is None:
+            return None
+        x = self.x
+
+        def run():
+            return fn(x)
+
+        return run
+
+    def available(self):
+        return tuple(v for v in E2E_VARIANTS if v in self.fns)
+
+
+def _compile(tag: str, flag: bool | None, x, context, warmup: int):
+    """Compile a fresh copy of one_op with the C runtime on (flag True), off
+    (False), or without torch_aot_rt installed (None); return (fn, stats delta)."""
+    rt = _cases.torch_aot_rt
+    compiled = torch.compile(_fresh_copy(one_op, tag), backend="aot_eager", fullgraph=True)
+    switch = contextlib.nullcontext() if flag is None else rt.enabled(flag)
+    before = rt.stats() if rt is not None and flag is not None else None
+    with switch, context():
+        for _ in range(warmup):
+            compiled(x)
+    delta = None
+    if before is not None:
+        after = rt.stats()
+        delta = {
+            k: after[k] - before[k]
+            for k in ("runtime_wrappers", "autograd_functions", "fallbacks")
+        }
+        delta["fallback_reasons"] = after["fallback_reasons"]
+    return compiled, delta
+
+
+def build_e2e_case(name: str, *, warmup: int = 5) -> E2ECase:
+    description, requires_grad, context = ROWS[name]
+    torch.manual_seed(0)
+    x = torch.randn(4).requires_grad_(requires_grad)
+    case = E2ECase(name, description, x, context)
+    case.fns["eager"] = one_op
+    have_c = _cases._C is not None
+    case.fns["upstream"], _ = _compile(
+        f"{name}_upstream", False if have_c else None, x, context, warmup
+    )
+    if not have_c:
+        case.c_note = _cases.C_UNAVAILABLE
+    else:
+        fn, delta = _compile(f"{name}_c", True, x, context, warmup)
+        case.c_stats = delta
+        if delta["runtime_wrappers"] >= 1 and delta["fallbacks"] == 0:
+            case.fns["c"] = fn
+        else:
+            case.c_note = f"C runtime wrapper not used: stats delta {delta}"
+    return case
+
+
+def build_e2e_cases(names=None) -> dict[str, E2ECase]:
+    return {n: build_e2e_case(n) for n in (names or ROWS)}
+
+
+def check_c_matches_upstream(case: E2ECase) -> tuple[bool | None, str]:
+    if "c" not in case.fns:
+        return None, "no C variant"
+    seen = {}
+    for variant in ("upstream", "c"):
+        x = case.x.detach().clone().requires_grad_(case.x.requires_grad)
+        with case.context():
+            out = case.fns[variant](x)
+            seen[variant] = (
+                _cases.describe(out, (x,)),
+                torch.is_grad_enabled(),
+                torch.is_inference_mode_enabled(),
+            )
+    if seen["upstream"] == seen["c"]:
+        return True, "c == upstream"
+    return False, f"MISMATCH\n  upstream: {seen['upstream']}\n  c:        {seen['c']}"

@@ -1,0 +1,285 @@
+"""Instructions per call (callgrind Ir) of direct / upstream / C, per configuration.
+
+    python benchmarks/callgrind.py [--calls 2000] [--cases inference ...]
+
+runs itself under ``valgrind --tool=callgrind --instr-atstart=no`` (so importing
+torch is not simulated), and inside:
+
+* builds the cases and warms every variant up;
+* switches instrumentation on through callgrind client requests (a ten-line C
+  helper compiled on the fly with the system compiler and loaded with ctypes);
+* per configuration and variant, for n in (0, calls): zero the counters, run n
+  calls, dump the counters; Ir per call = (Ir(calls) - Ir(0)) / calls. The n=0
+  dump holds the constant cost of the measurement itself (ctypes calls, loop
+  setup); subtracting it leaves the calls alone.
+
+Without a compiler or <valgrind/callgrind.h> it falls back to whole-process
+counts: one run with 0 calls and one with ``calls`` calls per variant, same
+setup, and the difference divided by ``calls`` (slow: torch's import runs
+under the simulator every time; PYTHONHASHSEED is fixed to keep the runs alike).
+
+The counts are stable from run to run where timings on a shared machine are not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+_HELPER_C = r"""
+#include <valgrind/valgrind.h>
+#include <valgrind/callgrind.h>
+int cg_running(void) { return RUNNING_ON_VALGRIND; }
+void cg_start(void) { CALLGRIND_START_INSTRUMENTATION; }
+void cg_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; }
+void cg_zero(void) { CALLGRIND_ZERO_STATS; }
+void cg_dump(const char *label) { CALLGRIND_DUMP_STATS_AT(label); }
+"""
+
+
+def build_helper(tmpdir: str) -> str | None:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None or not os.path.exists("/usr/include/valgrind/callgrind.h"):
+        return None
+    src = os.path.join(tmpdir, "cg_helper.c")
+    lib = os.path.join(tmpdir, "cg_helper.so")
+    with open(src, "w") as f:
+        f.write(_HELPER_C)
+    r = subprocess.run(
+        [cc, "-O1", "-shared", "-fPIC", "-o", lib, src], capture_output=True, text=True
+    )
+    return lib if r.returncode == 0 else None
+
+
+def _env():
+    env = dict(os.environ)
+    env.setdefault("PYTHONHASHSEED", "0")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _loop(run, n):
+    for _ in itertools.repeat(None, n):
+        run()
+
+
+# ---------------------------------------------------------------------------
+# inside valgrind
+
+
+def inner_toggle(helper: str, case_names, calls: int, e2e: bool) -> None:
+    import contextlib
+    import gc
+
+    from benchmarks import _cases
+
+    lib = ctypes.CDLL(helper)
+    lib.cg_dump.argtypes = [ctypes.c_char_p]
+    groups = [("wrapper", _cases.build_cases(case_names), contextlib.nullcontext)]
+    if e2e:
+        from benchmarks import _e2e
+
+        groups.append(("e2e", _e2e.build_e2e_cases(), None))
+    gc.collect()
+    gc.disable()
+    lib.cg_start()
+    notes = {}
+    for group, cases, context in groups:
+        for name, case in cases.items():
+            if case.c_note:
+                notes[f"{group}:{name}"] = case.c_note
+            ctx = context or case.context
+            for variant in case.available():
+                run = case.call(variant)
+                with ctx():
+                    _loop(run, 50)  # warm, now with instrumentation on
+                    for n in (0, calls):
+                        lib.cg_zero()
+                        _loop(run, n)
+                        lib.cg_dump(f"{group}|{name}|{variant}|{n}".encode())
+    lib.cg_stop()
+    gc.enable()
+    print("CG_NOTES " + json.dumps(notes), flush=True)
+
+
+def inner_whole(case_name: str, variant: str, calls: int) -> None:
+    import gc
+
+    from benchmarks import _cases
+
+    case = _cases.build_case(case_name)
+    gc.collect()
+    gc.disable()
+    run = case.call(variant) if variant != "none" else None
+    if run is not None:
+        _loop(run, calls)
+    gc.enable()
+    print("CG_NOTES " + json.dumps({case_name: case.c_note} if case.c_note else {}))
+
+
+# ---------------------------------------------------------------------------
+# outside: drive valgrind, parse its output
+
+
+def _valgrind(out_file: str, inner_args: list[str], instr_atstart: bool):
+    cmd = [
+        "valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}",
+        f"--instr-atstart={'yes' if instr_atstart else 'no'}",
+        sys.executable, os.path.abspath(__file__), *inner_args,
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=_env())
+    if r.returncode != 0:
+        raise RuntimeError(
+            f"valgrind failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-4000:]}"
+        )
+    notes = {}
+    for line in r.stdout.splitlines():
+        if line.startswith("CG_NOTES "):
+            notes.update(json.loads(line[len("CG_NOTES "):]))
+    return notes
+
+
+def _read_dump(path: str) -> tuple[str | None, int]:
+    label, total = None, None
+    with open(path) as f:
+        for line in f:
+            if line.startswith("desc: Trigger:"):
+                m = re.search(r"Client Request: (.*)$", line.strip())
+                label = m.group(1) if m else None
+            elif line.startswith("totals:") or (line.startswith("summary:") and total is None):
+                total = int(line.split()[1])
+    return label, total or 0
+
+
+def measure_toggle(helper, case_names, calls, e2e):
+    """{(group, name, variant): Ir per call}, notes."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "cg.out")
+        inner = ["--inner-toggle", helper, "--calls", str(calls), "--cases", *case_names]
+        if e2e:
+            inner.append("--e2e")
+        notes = _valgrind(out, inner, instr_atstart=False)
+        counts = {}
+        for path in glob.glob(out + "*"):
+            label, total = _read_dump(path)
+            if label and label.count("|") == 3:
+                group, name, variant, n = label.split("|")
+                counts[(group, name, variant, int(n))] = total
+    per_call = {}
+    for (group, name, variant, n), total in counts.items():
+        if n == calls and (group, name, variant, 0) in counts:
+            base = counts[(group, name, variant, 0)]
+            per_call[(group, name, variant)] = (total - base) / calls
+    return per_call, notes
+
+
+def measure_whole(case_names, calls):
+    """Fallback without client requests: runtime wrapper cases only."""
+    from benchmarks import _cases
+
+    per_call, notes = {}, {}
+    with tempfile.TemporaryDirectory() as d:
+        for name in case_names:
+            base_file = os.path.join(d, f"{name}-base.out")
+            notes.update(_valgrind(base_file, ["--inner-whole", name, "none", "0"], True))
+            _, base = _read_dump(base_file)
+            for variant in _cases.VARIANTS:
+                f = os.path.join(d, f"{name}-{variant}.out")
+                try:
+                    _valgrind(f, ["--inner-whole", name, variant, str(calls)], True)
+                except RuntimeError:
+                    continue
+                _, total = _read_dump(f)
+                per_call[("wrapper", name, variant)] = (total - base) / calls
+    return per_call, notes
+
+
+def _table(title, per_call, group, names, variants, base):
+    def f(x, w=9, p=0):
+        return "n/a".rjust(w) if x is None else f"{x:{w}.{p}f}"
+
+    print(title)
+    cols = (
+        f"{'configuration':<22}{base:>9}{'upstream':>10}{'C':>9}"
+        f"{'ovh up':>9}{'ovh C':>9}{'ratio':>8}"
+    )
+    print(cols)
+    print("-" * len(cols))
+    for name in names:
+        d, u, c = (per_call.get((group, name, v)) for v in variants)
+        ou = None if u is None or d is None else u - d
+        oc = None if c is None or d is None else c - d
+        ratio = None if oc is None or not ou else oc / ou
+        print(f"{name:<22}{f(d)}{f(u, 10)}{f(c)}{f(ou)}{f(oc)}{f(ratio, 8, 3)}")
+
+
+def report(cases=None, calls: int = 2000, e2e: bool = True) -> dict:
+    from benchmarks import _cases
+
+    case_names = list(cases or _cases.CONFIGS)
+    if shutil.which("valgrind") is None:
+        print("callgrind: valgrind not found")
+        return {}
+    with tempfile.TemporaryDirectory() as d:
+        helper = build_helper(d)
+        if helper is not None:
+            method = "instrumentation on only around the calls (client requests)"
+            per_call, notes = measure_toggle(helper, case_names, calls, e2e)
+        else:
+            method = "whole-process counts minus a 0-call run (no e2e rows)"
+            per_call, notes = measure_whole(case_names, calls)
+            e2e = False
+    print("== instructions per call (callgrind Ir) ==")
+    print(
+        f"{calls} calls per variant, minus a 0-call dump; {method}; "
+        "overhead = variant - baseline; ratio = C overhead / upstream overhead"
+    )
+    _table("-- runtime wrapper alone --", per_call, "wrapper", case_names,
+           _cases.VARIANTS, "direct")
+    if e2e:
+        from benchmarks import _e2e
+
+        _table('-- end to end: torch.compile(backend="aot_eager") of x.sin() --',
+               per_call, "e2e", list(_e2e.ROWS), _e2e.E2E_VARIANTS, "eager")
+    by_text: dict[str, list[str]] = {}
+    for name, text in notes.items():
+        by_text.setdefault(text, []).append(name)
+    for text, names in by_text.items():
+        print(f"  note ({', '.join(names)}): {text}")
+    return per_call
+
+
+def main(argv=None):
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--cases", nargs="*", default=None)
+    p.add_argument("--no-e2e", action="store_true", help="runtime wrapper rows only")
+    p.add_argument("--inner-toggle", metavar="HELPER", help=argparse.SUPPRESS)
+    p.add_argument("--e2e", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--inner-whole", nargs=3, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.inner_toggle:
+        inner_toggle(args.inner_toggle, args.cases, args.calls, args.e2e)
+    elif args.inner_whole:
+        name, variant, calls = args.inner_whole
+        inner_whole(name, variant, int(calls))
+    else:
+        report(args.cases, args.calls, e2e=not args.no_e2e)
+
+
+if __name__ == "__main__":
+    main()
