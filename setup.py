@@ -6,7 +6,7 @@ from setuptools import Extension, setup
 debug = os.environ.get("TORCH_AOT_RT_DEBUG") == "1"
 sanitize = os.environ.get("TORCH_AOT_RT_SANITIZE") == "1"
 
-cflags = ["-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
+cflags = ["-std=c11", "-Wall", "-Wextra"]
 ldflags = []
 if debug or sanitize:
     cflags += ["-O0", "-g", "-UNDEBUG"]

@@ -264,6 +264,10 @@ static PyObject *
 FunctionApply_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     PyObject *cls;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0) {
+        PyErr_SetString(PyExc_TypeError, "FunctionApply() takes no keyword arguments");
+        return NULL;
+    }
     if (!PyArg_ParseTuple(args, "O:FunctionApply", &cls)) {
         return NULL;
     }
@@ -1420,6 +1424,7 @@ BackwardThunk_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
                          PyObject *kwnames)
 {
     BackwardThunk *self = (BackwardThunk *)op;
+    (void)argv; /* double_ctx is accepted and unused, as upstream's impl_fn */
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     if (nargs + nkw > 1 ||
@@ -1495,9 +1500,9 @@ BackwardThunk_dealloc(BackwardThunk *self)
 
 #define FN_MEMBERS(Type)                                                     \
     static PyMemberDef Type##_members[] = {                                  \
-        {"__vectorcalloffset__", T_PYSSIZET, offsetof(Type, vectorcall), READONLY}, \
-        {"__dictoffset__", T_PYSSIZET, offsetof(Type, dict), READONLY},      \
-        {NULL},                                                              \
+        {"__vectorcalloffset__", T_PYSSIZET, offsetof(Type, vectorcall), READONLY, NULL}, \
+        {"__dictoffset__", T_PYSSIZET, offsetof(Type, dict), READONLY, NULL}, \
+        {NULL, 0, 0, 0, NULL},                                               \
     };
 
 FN_MEMBERS(FunctionApply)
@@ -1505,13 +1510,13 @@ FN_MEMBERS(CompiledForward)
 FN_MEMBERS(CompiledBackward)
 
 static PyMemberDef BackwardThunk_members[] = {
-    {"__vectorcalloffset__", T_PYSSIZET, offsetof(BackwardThunk, vectorcall), READONLY},
-    {NULL},
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(BackwardThunk, vectorcall), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
 };
 
 static PyGetSetDef fn_getset[] = {
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
-    {NULL},
+    {NULL, NULL, NULL, NULL, NULL},
 };
 
 #define FN_SPEC(Type, doc)                                      \

@@ -460,7 +460,7 @@ RuntimeWrapper_dealloc(RuntimeWrapper *self)
 /* Bound like a Python function when stored on a class, as upstream's
  * runtime_wrapper would be. */
 static PyObject *
-RuntimeWrapper_descr_get(PyObject *self, PyObject *obj, PyObject *type)
+RuntimeWrapper_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type))
 {
     if (obj == NULL || obj == Py_None) {
         return Py_NewRef(self);
@@ -480,14 +480,14 @@ RuntimeWrapper_repr(RuntimeWrapper *self)
 }
 
 static PyMemberDef RuntimeWrapper_members[] = {
-    {"__vectorcalloffset__", T_PYSSIZET, offsetof(RuntimeWrapper, vectorcall), READONLY},
-    {"__dictoffset__", T_PYSSIZET, offsetof(RuntimeWrapper, dict), READONLY},
-    {"__weaklistoffset__", T_PYSSIZET, offsetof(RuntimeWrapper, weakreflist), READONLY},
-    {NULL},
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(RuntimeWrapper, vectorcall), READONLY, NULL},
+    {"__dictoffset__", T_PYSSIZET, offsetof(RuntimeWrapper, dict), READONLY, NULL},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(RuntimeWrapper, weakreflist), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
 };
 
 static PyObject *
-RuntimeWrapper_get_compiled_fn(RuntimeWrapper *self, void *closure)
+RuntimeWrapper_get_compiled_fn(RuntimeWrapper *self, void *Py_UNUSED(closure))
 {
     return Py_NewRef(self->plan.compiled_fn ? self->plan.compiled_fn : Py_None);
 }
@@ -496,7 +496,7 @@ static PyGetSetDef RuntimeWrapper_getset[] = {
     {"compiled_fn", (getter)RuntimeWrapper_get_compiled_fn, NULL,
      "the boxed compiled function this wrapper calls", NULL},
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
-    {NULL},
+    {NULL, NULL, NULL, NULL, NULL},
 };
 
 PyDoc_STRVAR(RuntimeWrapper_doc,
