@@ -219,5 +219,11 @@ def build_runtime_wrapper(upstream, compiled_fn, **kwargs):
     functools.update_wrapper(
         wrapper, compiled_fn, assigned=("__doc__", "__annotations__", "__type_params__")
     )
+    # ... and keeps its own identity: the inner function, or the saved-tensor
+    # hooks layer around it.
+    name = "_runtime_wrapper" if plan["disable_saved_tensors_hooks"] else "runtime_wrapper"
+    wrapper.__name__ = name
+    wrapper.__qualname__ = f"_create_runtime_wrapper.<locals>.{name}"
+    wrapper.__module__ = rw.__name__
     _count_built("runtime_wrappers")
     return wrapper
