@@ -2,7 +2,7 @@
 #include "plan.h"
 
 static const char *const PLAN_KEYS[] = {
-    "trace_joint", "disable_amp", "capture", "bump", "detach", "num_mutated",
+    "trace_joint", "disable_amp", "capture", "capture_order", "bump", "detach", "num_mutated",
     "expected_outs", "mutations", "outputs", "replay_views", "dynamic_dims",
     "grad_enabled_mutation", "first_invocation", "disable_saved_tensors_hooks",
     NULL,
@@ -314,8 +314,35 @@ rt_plan_parse(rt_plan *plan, PyObject *compiled_fn, PyObject *kwargs)
     }
     plan->replay_views = Py_NewRef(replay_views ? Py_True : Py_False);
     if (rt_plan_indices(kwargs, "capture", &plan->n_capture, &plan->capture) < 0 ||
+        rt_plan_indices(kwargs, "capture_order", &plan->n_capture_order,
+                        &plan->capture_order) < 0 ||
         rt_plan_indices(kwargs, "bump", &plan->n_bump, &plan->bump) < 0 ||
         rt_plan_indices(kwargs, "detach", &plan->n_detach, &plan->detach) < 0) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < plan->n_capture; i++) {
+        for (Py_ssize_t j = 0; j < i; j++) {
+            if (plan->capture[i] == plan->capture[j]) {
+                PyErr_Format(PyExc_ValueError, "plan: capture index %zd appears twice",
+                             plan->capture[i]);
+                return -1;
+            }
+        }
+    }
+    for (Py_ssize_t k = 0; k < plan->n_capture_order; k++) {
+        Py_ssize_t s = 0;
+        while (s < plan->n_capture && plan->capture[s] != plan->capture_order[k]) {
+            s++;
+        }
+        if (s == plan->n_capture) {
+            PyErr_Format(PyExc_ValueError,
+                         "plan: capture_order index %zd is not in capture",
+                         plan->capture_order[k]);
+            return -1;
+        }
+    }
+    if (plan->n_capture_order < plan->n_capture) {
+        PyErr_SetString(PyExc_ValueError, "plan: capture_order must cover capture");
         return -1;
     }
     if (plan->n_detach && !plan->trace_joint) {
@@ -382,16 +409,17 @@ rt_plan_clear(rt_plan *plan)
         }
     }
     PyMem_Free(plan->capture);
+    PyMem_Free(plan->capture_order);
     PyMem_Free(plan->bump);
     PyMem_Free(plan->detach);
     PyMem_Free(plan->mutations);
     PyMem_Free(plan->outputs);
     PyMem_Free(plan->dynamic);
-    plan->capture = plan->bump = plan->detach = NULL;
+    plan->capture = plan->capture_order = plan->bump = plan->detach = NULL;
     plan->mutations = NULL;
     plan->outputs = NULL;
     plan->dynamic = NULL;
-    plan->n_capture = plan->n_bump = plan->n_detach = 0;
+    plan->n_capture = plan->n_capture_order = plan->n_bump = plan->n_detach = 0;
     plan->n_outputs = plan->n_dynamic = 0;
     plan->num_mutated = 0;
 }

@@ -62,8 +62,10 @@ typedef struct {
     int grad_enabled_mutation; /* -1: none; else the grad mode to set at the end */
     PyObject *replay_views;   /* Py_True / Py_False */
 
-    Py_ssize_t n_capture;     /* inputs kept past the call: epilogue_args_idx */
-    Py_ssize_t *capture;
+    Py_ssize_t n_capture;     /* inputs kept past the call: epilogue_args_idx, */
+    Py_ssize_t *capture;      /* deduplicated: one slot per input */
+    Py_ssize_t n_capture_order; /* epilogue_args_idx as upstream reads it */
+    Py_ssize_t *capture_order;
     Py_ssize_t n_bump;        /* mutated_graph_handled_indices_seen_by_autograd */
     Py_ssize_t *bump;
     Py_ssize_t n_detach;      /* indices_of_inps_to_detach (training only) */

@@ -74,11 +74,12 @@ bind_args(RuntimeWrapper *self, PyObject *const *argv, Py_ssize_t nargs,
     return args;
 }
 
-/* args[i], new reference: the list fast path, else Python's subscript. */
+/* args[i], new reference: the exact-list fast path, else Python's subscript
+ * (a list subclass may override __getitem__; upstream would call it). */
 static PyObject *
 arg_at(PyObject *args, Py_ssize_t i)
 {
-    if (PyList_Check(args)) {
+    if (PyList_CheckExact(args)) {
         if (i >= PyList_GET_SIZE(args)) {
             PyErr_SetString(PyExc_IndexError, "list index out of range");
             return NULL;
@@ -286,6 +287,32 @@ invoke(RuntimeWrapper *self, PyObject *args, PyObject **range)
     return out;
 }
 
+/* The dict comprehension's reads, one per epilogue index, duplicates
+ * included (the last read of an index wins), for an `args` whose
+ * __getitem__ may be Python code. Fills every slot or none. */
+static int
+capture_every_read(const rt_plan *p, PyObject *args, PyObject **captured)
+{
+    for (Py_ssize_t s = 0; s < p->n_capture; s++) {
+        captured[s] = NULL;
+    }
+    for (Py_ssize_t k = 0; k < p->n_capture_order; k++) {
+        Py_ssize_t s = 0;
+        while (p->capture[s] != p->capture_order[k]) {
+            s++; /* present: plan.c checked capture_order against capture */
+        }
+        PyObject *item = arg_at(args, p->capture_order[k]);
+        if (item == NULL) {
+            for (Py_ssize_t t = 0; t < p->n_capture; t++) {
+                Py_CLEAR(captured[t]);
+            }
+            return -1;
+        }
+        Py_XSETREF(captured[s], item);
+    }
+    return 0;
+}
+
 /* runtime_wrapper(args) and the generated _runtime_wrapper it calls. */
 static PyObject *
 run(RuntimeWrapper *self, PyObject *args)
@@ -309,11 +336,19 @@ run(RuntimeWrapper *self, PyObject *args)
         }
     }
     /* orig_inputs = {i: args[i] for i in epilogue_args_idx} */
-    for (; n_captured < p->n_capture; n_captured++) {
-        captured[n_captured] = arg_at(args, p->capture[n_captured]);
-        if (captured[n_captured] == NULL) {
-            goto done;
+    if (PyList_CheckExact(args) || p->n_capture_order == p->n_capture) {
+        for (; n_captured < p->n_capture; n_captured++) {
+            captured[n_captured] = arg_at(args, p->capture[n_captured]);
+            if (captured[n_captured] == NULL) {
+                goto done;
+            }
         }
+    }
+    else if (capture_every_read(p, args, captured) < 0) {
+        goto done;
+    }
+    else {
+        n_captured = p->n_capture;
     }
     if (p->n_bump > 0 && bump_versions(st, p, args) < 0) {
         goto done;

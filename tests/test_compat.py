@@ -4,6 +4,7 @@ a reason in stats(), giving upstream's results. Simulated in a subprocess by
 removing the internal before the import."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -40,9 +41,10 @@ SCRIPT = textwrap.dedent(
 
 
 def run(remove: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_AOT_RT"}
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT.format(remove=remove)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

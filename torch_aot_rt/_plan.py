@@ -35,8 +35,10 @@ def _torch_modules():
 def _capture_slots(runtime_metadata, OutputType):
     """``_RuntimeForwardEpilogue.epilogue_args_idx``, deduplicated into slots.
 
-    Returns (capture, slot_of): the input indices to capture, in upstream's
-    evaluation order, and a map from input index to its slot.
+    Returns (capture, order, slot_of): the input indices to capture, once
+    each, in upstream's evaluation order; every read upstream makes, duplicates
+    included (they matter only for an args list whose __getitem__ is Python);
+    and a map from input index to its slot.
     """
     order = list(runtime_metadata.mutated_inp_runtime_indices)
     for info in runtime_metadata.output_info:
@@ -49,7 +51,7 @@ def _capture_slots(runtime_metadata, OutputType):
         if not isinstance(idx, int):
             raise Unsupported("non-int mutated input index")
         slot_of.setdefault(idx, len(slot_of))
-    return tuple(slot_of), slot_of
+    return tuple(slot_of), tuple(order), slot_of
 
 
 def _mutations(runtime_metadata, slot_of):
@@ -163,7 +165,7 @@ def make_plan(compiled_fn, *, runtime_metadata, indices_of_inps_to_detach,
         if functorch_config.unlift_effect_tokens and len(meta.tokens) != 0:
             # Upstream raises at build time; let it.
             raise Unsupported("unlift_effect_tokens with effect tokens")
-        capture, slot_of = _capture_slots(meta, OutputType)
+        capture, capture_order, slot_of = _capture_slots(meta, OutputType)
         bump = ()
         if keep_input_mutations:
             bump = tuple(meta.mutated_graph_handled_indices_seen_by_autograd)
@@ -173,6 +175,7 @@ def make_plan(compiled_fn, *, runtime_metadata, indices_of_inps_to_detach,
             trace_joint=bool(trace_joint),
             disable_amp=bool(disable_amp),
             capture=capture,
+            capture_order=capture_order,
             bump=bump,
             detach=tuple(indices_of_inps_to_detach) if trace_joint else (),
             num_mutated=num_mutated,

@@ -1,0 +1,89 @@
+"""Shared fixtures for the torch_aot_rt test suite.
+
+The suite is differential: every case is compiled and run once with the C
+runtime off (upstream's ``_create_runtime_wrapper``) and once with it on, in
+the same process, and everything observable is compared (see
+``tests/_differential.py``).
+
+Modes, chosen by the environment as for the package itself:
+
+* default: ``import torch_aot_rt`` enables the C path; the extension must be
+  built (``pip install --no-build-isolation -e .``). Every "on" run asserts that
+  C wrappers were really built and that nothing fell back unexpectedly.
+* ``TORCH_AOT_RT=0``: the import changes nothing; the differential tests then
+  compare upstream with upstream (a check of the harness itself) and the tests
+  that need the extension are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import pytest
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+# Keep the inductor / AOTAutograd on-disk caches of this run to itself, so that
+# cache hits and misses depend only on what this session compiled.
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="torch_aot_rt_tests_")
+)
+
+import torch  # noqa: E402
+import torch._dynamo  # noqa: E402
+
+try:
+    import torch_aot_rt  # noqa: E402,F401
+except ImportError as e:  # pragma: no cover - a broken build
+    raise pytest.UsageError(
+        f"cannot import torch_aot_rt ({e}); build the extension with "
+        "`pip install --no-build-isolation -e .` or run with TORCH_AOT_RT=0"
+    ) from e
+
+import _differential as D  # noqa: E402
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "inductor: compiles with backend='inductor' (slow; deselect with -m 'not inductor')"
+    )
+    config.addinivalue_line(
+        "markers", "needs_c: needs the C extension (skipped when TORCH_AOT_RT=0)"
+    )
+
+
+def pytest_report_header(config):
+    mode = "C runtime on (differential: upstream vs C)" if D.C_ENABLED else (
+        "TORCH_AOT_RT=0 (differential: upstream vs upstream, C-only tests skipped)"
+    )
+    return [f"torch {torch.__version__}; torch_aot_rt: {mode}; devices: {DEVICES}"]
+
+
+def pytest_collection_modifyitems(config, items):
+    if D.C_ENABLED:
+        return
+    skip = pytest.mark.skip(reason="needs the C extension; TORCH_AOT_RT=0")
+    for item in items:
+        if "needs_c" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    """Each test starts from a fresh Dynamo and leaves the thread state as found."""
+    torch._dynamo.reset()
+    before = D.tls_state()
+    yield
+    D.restore_tls(before)
+    torch._dynamo.reset()
