@@ -82,9 +82,12 @@ _log "building torch_aot_rt (debug=${TORCH_AOT_RT_DEBUG:-0} sanitize=${TORCH_AOT
 # 4. a sanitizer build needs its runtime loaded first into the (uninstrumented) python.
 run_py() {
     if [ "${TORCH_AOT_RT_SANITIZE:-0}" = "1" ]; then
-        local asan
+        # libstdc++ too: ASan intercepts __cxa_throw, and torch raises C++
+        # exceptions (caught into Python errors) that it must find.
+        local asan stdcxx
         asan="$("${CC:-gcc}" -print-file-name=libasan.so)"
-        LD_PRELOAD="$asan${LD_PRELOAD:+:$LD_PRELOAD}" \
+        stdcxx="$("${CC:-gcc}" -print-file-name=libstdc++.so)"
+        LD_PRELOAD="$asan:$stdcxx${LD_PRELOAD:+:$LD_PRELOAD}" \
             ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}" \
             UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}" \
             "$PY" "$@"
