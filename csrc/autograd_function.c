@@ -29,7 +29,8 @@
     vectorcallfunc vectorcall;                                               \
     rt_state *st;                                                            \
     PyObject *module;                                                        \
-    PyObject *dict;
+    PyObject *dict;                                                          \
+    PyObject *weakreflist;
 
 typedef struct {
     RT_FN_HEAD
@@ -328,6 +329,7 @@ typedef struct {
 
 typedef struct {
     RT_FN_HEAD
+    PyObject *upstream;           /* upstream's forward: calls we don't take */
     PyObject *compiled_fw;
     PyObject *rng_add;            /* rng_state.add_forward_args, or NULL */
     Py_ssize_t backward_state_index; /* -1: none */
@@ -597,8 +599,9 @@ CompiledForward_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
     rt_state *st = self->st;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (nargs < 1 || kwnames != NULL) {
-        PyErr_SetString(PyExc_TypeError, "forward() takes ctx and positional args");
-        return NULL;
+        /* Not how autograd calls it: upstream's forward binds (or rejects)
+         * the arguments with its own messages. */
+        return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
     }
     PyObject *ctx = argv[0];
     PyObject *const *args = argv + 1;
@@ -684,6 +687,12 @@ CompiledForward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     int err = 0;
     PyObject *v;
     bool disable_amp;
+    if ((self->upstream = callable_or_null(kwargs, "upstream", &err)) == NULL) {
+        if (!err) {
+            PyErr_SetString(PyExc_ValueError, "plan: upstream must be callable");
+        }
+        goto fail;
+    }
     if ((v = rt_plan_required(kwargs, "compiled_fw")) == NULL) {
         goto fail;
     }
@@ -755,6 +764,7 @@ CompiledForward_traverse(CompiledForward *self, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->module);
     Py_VISIT(self->dict);
+    Py_VISIT(self->upstream);
     Py_VISIT(self->compiled_fw);
     Py_VISIT(self->rng_add);
     for (Py_ssize_t k = 0; k < self->n_dynamic; k++) {
@@ -767,6 +777,7 @@ static int
 CompiledForward_clear(CompiledForward *self)
 {
     Py_CLEAR(self->dict);
+    Py_CLEAR(self->upstream);
     Py_CLEAR(self->compiled_fw);
     Py_CLEAR(self->rng_add);
     for (Py_ssize_t k = 0; k < self->n_dynamic; k++) {
@@ -806,6 +817,7 @@ typedef struct {
 
 typedef struct {
     RT_FN_HEAD
+    PyObject *upstream;        /* upstream's backward: calls we don't take */
     PyObject *cls;             /* CompiledFunction */
     PyObject *double_backward; /* CompiledFunction._double_backward */
     PyObject *backward_compiler; /* upstream's _AutogradBackwardCompiler */
@@ -1109,18 +1121,13 @@ CompiledBackward_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
     CompiledBackward *self = (CompiledBackward *)op;
     rt_state *st = self->st;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs < 1 || kwnames != NULL) {
-        PyErr_SetString(PyExc_TypeError, "backward() takes ctx and the grads");
-        return NULL;
+    if (nargs != 2 || kwnames != NULL || !PyList_Check(argv[1])) {
+        /* Not the boxed call autograd makes: upstream's backward binds the
+         * arguments and raises its own errors ("expects grads as a single
+         * mutable list", missing ctx, ...). */
+        return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
     }
     PyObject *ctx = argv[0];
-    if (nargs != 2 || !PyList_Check(argv[1])) {
-        PyErr_Format(PyExc_AssertionError,
-                     "Compiled backward expects grads as a single mutable list argument, "
-                     "but got %zd args. Grads must be passed as [grad0, grad1, ...] to "
-                     "allow freeing individual grads mid-backward.", nargs - 1);
-        return NULL;
-    }
     PyObject *grads = argv[1];
     PyObject *saved = NULL, *symints = NULL, *opaque = NULL, *all_args = NULL;
     PyObject *result = NULL, *impl_fn = NULL, *cc = NULL;
@@ -1204,6 +1211,12 @@ CompiledBackward_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
     }
     impl_fn = thunk_new(self, ctx, all_args);
     if (impl_fn == NULL) {
+        goto done;
+    }
+    if (cc != NULL && !need_double) {
+        /* functools.partial(cc.run, impl_fn)() is cc.run(impl_fn) */
+        PyObject *cargs[2] = {cc, impl_fn};
+        result = PyObject_VectorcallMethod(st->str_run, cargs, 2, NULL);
         goto done;
     }
     if (cc != NULL) {
@@ -1296,6 +1309,12 @@ CompiledBackward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     int err = 0;
     PyObject *v;
     bool b[7];
+    if ((self->upstream = callable_or_null(kwargs, "upstream", &err)) == NULL) {
+        if (!err) {
+            PyErr_SetString(PyExc_ValueError, "plan: upstream must be callable");
+        }
+        goto fail;
+    }
     if ((v = rt_plan_required(kwargs, "cls")) == NULL) {
         goto fail;
     }
@@ -1361,6 +1380,7 @@ CompiledBackward_traverse(CompiledBackward *self, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->module);
     Py_VISIT(self->dict);
+    Py_VISIT(self->upstream);
     Py_VISIT(self->cls);
     Py_VISIT(self->double_backward);
     Py_VISIT(self->backward_compiler);
@@ -1387,6 +1407,7 @@ static int
 CompiledBackward_clear(CompiledBackward *self)
 {
     Py_CLEAR(self->dict);
+    Py_CLEAR(self->upstream);
     Py_CLEAR(self->cls);
     Py_CLEAR(self->double_backward);
     Py_CLEAR(self->backward_compiler);
@@ -1477,6 +1498,9 @@ BackwardThunk_clear(BackwardThunk *self)
     {                                                                        \
         PyTypeObject *tp = Py_TYPE(self);                                    \
         PyObject_GC_UnTrack(self);                                           \
+        if (self->weakreflist != NULL) {                                     \
+            PyObject_ClearWeakRefs((PyObject *)self);                        \
+        }                                                                    \
         Type##_clear(self);                                                  \
         extra;                                                               \
         Py_CLEAR(self->module);                                              \
@@ -1502,6 +1526,7 @@ BackwardThunk_dealloc(BackwardThunk *self)
     static PyMemberDef Type##_members[] = {                                  \
         {"__vectorcalloffset__", T_PYSSIZET, offsetof(Type, vectorcall), READONLY, NULL}, \
         {"__dictoffset__", T_PYSSIZET, offsetof(Type, dict), READONLY, NULL}, \
+        {"__weaklistoffset__", T_PYSSIZET, offsetof(Type, weakreflist), READONLY, NULL}, \
         {NULL, 0, 0, 0, NULL},                                               \
     };
 

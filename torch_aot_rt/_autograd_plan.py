@@ -16,6 +16,8 @@ What the C path does not cover keeps upstream's class as built, counted in
 
 from __future__ import annotations
 
+import functools
+
 from ._plan import Unsupported
 
 TANGENT_STRIDES, TANGENT_MEMORY_FORMAT, TANGENT_PYTHON = 0, 1, 2
@@ -175,17 +177,26 @@ def install_c_function(cls, spec):
     if functorch_config.debug_assert:
         raise Unsupported("CompiledFunction: config.debug_assert is on")
     try:
-        fwd_vars = _closure(cls.__dict__["forward"].__func__)
+        upstream_forward = cls.__dict__["forward"].__func__
+        upstream_backward = cls.__dict__["backward"].__func__
+        fwd_vars = _closure(upstream_forward)
         impl_vars = _closure(cls.__dict__["_backward_impl"].__func__)
         rng_state = fwd_vars["rng_state"]
         backward_compiler = impl_vars["backward_compiler"]
-        forward = _C.CompiledForward(**_forward_plan(cls, spec, rng_state))
+        forward = _C.CompiledForward(
+            upstream=upstream_forward, **_forward_plan(cls, spec, rng_state)
+        )
         backward = _C.CompiledBackward(
-            **_backward_plan(cls, spec, rng_state, backward_compiler)
+            upstream=upstream_backward,
+            **_backward_plan(cls, spec, rng_state, backward_compiler),
         )
         apply = _C.FunctionApply(cls)
     except (AttributeError, KeyError) as e:
         raise Unsupported(f"CompiledFunction: torch internals differ: {e!r}") from None
+    # Function-like identity (name, qualname, signature via __wrapped__) of the
+    # functions they stand for.
+    functools.update_wrapper(forward, upstream_forward)
+    functools.update_wrapper(backward, upstream_backward)
     apply._boxed_call = True
     cls.forward = staticmethod(forward)
     cls.backward = staticmethod(backward)
