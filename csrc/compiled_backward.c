@@ -1,0 +1,737 @@
+/* compiled_backward.c: CompiledBackward (CompiledFunction.backward) and
+ * BackwardThunk (its impl_fn). Mirrors _codegen_compiled_backward,
+ * _codegen_backward_prologue, CompiledFunction._backward_impl and
+ * _codegen_backward_epilogue (runtime_wrappers.py). */
+#include "autograd_common.h"
+
+/* ======================================================================
+ * CompiledBackward: CompiledFunction.backward(ctx, grads)
+ * ====================================================================== */
+
+enum tangent_kind {
+    TANGENT_STRIDES = 0,       /* plain tensor meta: expected size and stride */
+    TANGENT_MEMORY_FORMAT = 1, /* plain tensor meta: expected memory format */
+    TANGENT_PYTHON = 2,        /* anything else: upstream's process_runtime_tangent */
+};
+
+typedef struct {
+    int kind;
+    PyObject *meta;            /* PlainTensorMeta / SubclassCreationMeta */
+    PyObject *memory_format_meta;
+    PyObject *size, *stride, *memory_format;
+    PyObject *desc, *stack_trace, *index;
+} tangent_plan;
+
+typedef struct {
+    RT_FN_HEAD
+    PyObject *upstream;        /* upstream's backward: calls we don't take */
+    PyObject *cls;             /* CompiledFunction */
+    PyObject *double_backward; /* CompiledFunction._double_backward */
+    PyObject *backward_compiler; /* upstream's _AutogradBackwardCompiler */
+    PyObject *fw_metadata;
+    PyObject *rng_add;         /* rng_state.add_backward_args, or NULL */
+    PyObject *compile_id;
+    PyObject *compiled_bw;     /* NULL until the first backward compiles it */
+    bool compiled_bw_boxed;
+    bool disable_amp;
+    bool has_backward_state;
+    bool check_deterministic;
+    bool has_mutations_in_bw;
+    bool inputs_require_grad;
+    bool has_no_vc_check;
+    Py_ssize_t expected_grad_outs;
+    Py_ssize_t num_backward_tokens;
+    Py_ssize_t n_surviving;
+    Py_ssize_t *surviving;
+    tangent_plan *tangents;    /* n_surviving entries */
+} CompiledBackward;
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *backward;        /* the CompiledBackward */
+    PyObject *ctx;
+    PyObject *all_args;
+} BackwardThunk;
+
+static PyObject *
+call_noargs_checked(PyObject *fn)
+{
+    return PyObject_CallNoArgs(fn);
+}
+
+static int
+raise_runtime(const char *msg)
+{
+    PyErr_SetString(PyExc_RuntimeError, msg);
+    return -1;
+}
+
+/* AOTDispatchAutograd.process_runtime_tangent(x, meta, j, ...)[0] with the
+ * common case, a plain torch.Tensor, in C: coerce_to_expected_memory_format
+ * is a no-op when strides (or the memory format) already match. */
+static PyObject *
+process_tangent(CompiledBackward *self, const tangent_plan *t, PyObject *x)
+{
+    rt_state *st = self->st;
+    if (Py_IS_TYPE(x, st->Tensor) && t->kind != TANGENT_PYTHON) {
+        int same;
+        if (t->kind == TANGENT_STRIDES) {
+            PyObject *shape = rt_tensor_call(st, RT_SIZE, x, NULL, 0);
+            same = shape ? PyObject_RichCompareBool(shape, t->size, Py_EQ) : -1;
+            Py_XDECREF(shape);
+            if (same > 0) {
+                PyObject *stride = rt_tensor_call(st, RT_STRIDE, x, NULL, 0);
+                same = stride ? PyObject_RichCompareBool(stride, t->stride, Py_EQ) : -1;
+                Py_XDECREF(stride);
+            }
+        }
+        else {
+            PyObject *argv[2] = {x, t->memory_format};
+            PyObject *r = PyObject_Vectorcall(st->tensor_methods[RT_IS_CONTIGUOUS], argv, 1,
+                                              st->kwnames_memory_format);
+            same = r ? PyObject_IsTrue(r) : -1;
+            Py_XDECREF(r);
+        }
+        if (same < 0) {
+            return NULL;
+        }
+        if (same) {
+            return Py_NewRef(x);
+        }
+        PyObject *argv[2] = {x, t->memory_format_meta};
+        return PyObject_Vectorcall(st->coerce_memory_format, argv, 2, NULL);
+    }
+    if (!Py_IS_TYPE(x, st->Tensor)) {
+        int is_tensor = rt_is_tensor(st, x);
+        if (is_tensor <= 0) {
+            return is_tensor < 0 ? NULL : Py_NewRef(x); /* not a tensor: as is */
+        }
+    }
+    PyObject *argv[6] = {x, t->meta, t->index, t->desc, self->compile_id, t->stack_trace};
+    PyObject *pair = PyObject_Vectorcall(st->process_runtime_tangent, argv, 6, NULL);
+    if (pair == NULL) {
+        return NULL;
+    }
+    PyObject *first = PySequence_GetItem(pair, 0);
+    Py_DECREF(pair);
+    return first;
+}
+
+/* list.extend(seq) for a borrowed sequence */
+static int
+extend(PyObject *list, PyObject *seq)
+{
+    return PyList_SetSlice(list, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, seq);
+}
+
+/* _codegen_backward_prologue's _backward_prologue: all_args for the
+ * compiled backward, with the grads list cleared. */
+static PyObject *
+backward_prologue(CompiledBackward *self, PyObject *saved, PyObject *symints,
+                  PyObject *opaque, PyObject *grads)
+{
+    rt_state *st = self->st;
+    PyObject *stack = call_noargs_checked(st->peek_interpreter_stack);
+    if (stack == NULL) {
+        return NULL;
+    }
+    int in_transform = stack != Py_None;
+    Py_DECREF(stack);
+    if (in_transform) {
+        raise_runtime("It looks like you're trying to call a compiled backward function "
+                      "within vmap/grad/vjp, which isn't supported. Try wrapping vmap "
+                      "inside torch.compile, or skip compiling the backward function.");
+        return NULL;
+    }
+    if (self->check_deterministic) {
+        PyObject *r = call_noargs_checked(st->deterministic_enabled);
+        int on = r ? PyObject_IsTrue(r) : -1;
+        Py_XDECREF(r);
+        if (on != 0) {
+            if (on > 0) {
+                raise_runtime("This compiled backward function is being run with "
+                              "torch.use_deterministic_algorithms(True), but it was "
+                              "previously generated during the forward function while "
+                              "torch.use_deterministic_algorithms(False) was set.");
+            }
+            return NULL;
+        }
+    }
+    Py_ssize_t n_grads = PyList_GET_SIZE(grads);
+    if (n_grads != self->expected_grad_outs) {
+        PyErr_Format(PyExc_AssertionError, "expected %zd grad_outs, got %zd",
+                     self->expected_grad_outs, n_grads);
+        return NULL;
+    }
+    PyObject *all_args = PyList_New(0);
+    if (all_args == NULL) {
+        return NULL;
+    }
+    if (extend(all_args, symints) < 0 || extend(all_args, saved) < 0 ||
+        extend(all_args, opaque) < 0) {
+        goto fail;
+    }
+    Py_ssize_t ts = PyList_GET_SIZE(all_args);
+    for (Py_ssize_t j = 0; j < self->n_surviving; j++) {
+        if (PyList_Append(all_args, PyList_GET_ITEM(grads, self->surviving[j])) < 0) {
+            goto fail;
+        }
+    }
+    /* The grads are ours now: let dropped ones die mid-backward. */
+    if (PyList_SetSlice(grads, 0, PyList_GET_SIZE(grads), NULL) < 0) {
+        goto fail;
+    }
+    for (Py_ssize_t k = 0; k < self->num_backward_tokens; k++) {
+        if (PyList_Append(all_args, Py_None) < 0) {
+            goto fail;
+        }
+    }
+    for (Py_ssize_t j = 0; j < self->n_surviving; j++) {
+        PyObject *x = PyList_GET_ITEM(all_args, ts + j);
+        Py_INCREF(x);
+        PyObject *processed = process_tangent(self, &self->tangents[j], x);
+        Py_DECREF(x);
+        if (processed == NULL || PyList_SetItem(all_args, ts + j, processed) < 0) {
+            goto fail;
+        }
+    }
+    if (self->has_mutations_in_bw) {
+        int grad = rt_grad_enabled(st);
+        if (grad != 0) {
+            if (grad > 0) {
+                raise_runtime("aot_autograd does not support input mutations with "
+                              "requires_grad in backward for create_graph=True");
+            }
+            goto fail;
+        }
+    }
+    return all_args;
+fail:
+    Py_DECREF(all_args);
+    return NULL;
+}
+
+/* CompiledFunction._backward_impl + the generated _backward_epilogue. */
+static PyObject *
+backward_impl(CompiledBackward *self, PyObject *ctx, PyObject *all_args)
+{
+    rt_state *st = self->st;
+    if (self->has_backward_state) {
+        PyErr_SetString(PyExc_AssertionError, "BackwardState requires CompiledAutograd");
+        return NULL;
+    }
+    PyObject *r = PyObject_Vectorcall(st->maybe_clear_saved_tensors, &ctx, 1, NULL);
+    if (r == NULL) {
+        return NULL;
+    }
+    Py_DECREF(r);
+    r = call_noargs_checked(st->keep_graph);
+    int keep_graph = r ? PyObject_IsTrue(r) : -1;
+    Py_XDECREF(r);
+    if (keep_graph < 0) {
+        return NULL;
+    }
+    if (self->compiled_bw == NULL) {
+        /* The lazy backward compile, exactly upstream's (DDP buckets and
+         * donated buffers included): backward_compiler.get_or_compile. */
+        PyObject *argv[2] = {self->backward_compiler, keep_graph ? Py_False : Py_True};
+        PyObject *compiled = PyObject_VectorcallMethod(st->str_get_or_compile, argv,
+                                                       1,
+                                                       st->kwnames_use_once);
+        if (compiled == NULL) {
+            return NULL;
+        }
+        if (PyObject_SetAttr(self->cls, st->str_compiled_bw, compiled) < 0) {
+            Py_DECREF(compiled);
+            return NULL;
+        }
+        PyObject *boxed = PyObject_GetAttr(compiled, st->str_boxed_call);
+        int is_boxed = 0;
+        if (boxed == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                Py_DECREF(compiled);
+                return NULL;
+            }
+            PyErr_Clear();
+        }
+        else {
+            is_boxed = PyObject_IsTrue(boxed);
+            Py_DECREF(boxed);
+            if (is_boxed < 0) {
+                Py_DECREF(compiled);
+                return NULL;
+            }
+        }
+        self->compiled_bw_boxed = is_boxed;
+        Py_XSETREF(self->compiled_bw, compiled);
+    }
+    if (keep_graph) {
+        /* donated buffers need saved tensors used once */
+        PyObject *donated = PyObject_GetAttr(st->functorch_config, st->str_donated_buffer);
+        int on = donated ? PyObject_IsTrue(donated) : -1;
+        Py_XDECREF(donated);
+        if (on > 0) {
+            PyObject *idxs = PyObject_GetAttr(self->fw_metadata, st->str_bw_donated_idxs);
+            PyObject *empty = idxs ? PyList_New(0) : NULL;
+            on = empty ? PyObject_RichCompareBool(idxs, empty, Py_NE) : -1;
+            Py_XDECREF(idxs);
+            Py_XDECREF(empty);
+            if (on > 0) {
+                raise_runtime(
+                    "This backward function was compiled with non-empty donated buffers "
+                    "which requires create_graph=False and retain_graph=False. Please keep "
+                    "backward(create_graph=False, retain_graph=False) across all backward() "
+                    "function calls, or set torch._functorch.config.donated_buffer=False to "
+                    "disable donated buffer.");
+                return NULL;
+            }
+        }
+        if (on < 0) {
+            return NULL;
+        }
+    }
+    PyObject *compiled_bw = Py_NewRef(self->compiled_bw);
+    PyObject *out;
+    if (self->compiled_bw_boxed) {
+        out = rt_call_boxed(st, compiled_bw, all_args, self->disable_amp);
+    }
+    else {
+        /* an unboxed compiler: upstream warns and unpacks; let it */
+        PyObject *argv[4] = {compiled_bw, all_args, Py_True,
+                             self->disable_amp ? Py_True : Py_False};
+        out = rt_as_list(PyObject_Vectorcall(st->call_func_at_runtime, argv, 2,
+                                          st->kwnames_steal_disable_amp));
+    }
+    Py_DECREF(compiled_bw);
+    if (out == NULL) {
+        return NULL;
+    }
+    if (self->num_backward_tokens > 0) {
+        Py_ssize_t keep = PyList_GET_SIZE(out) - self->num_backward_tokens;
+        Py_SETREF(out, PyList_GetSlice(out, 0, keep < 0 ? 0 : keep));
+        if (out == NULL) {
+            return NULL;
+        }
+    }
+    Py_SETREF(out, PyList_AsTuple(out));
+    return out;
+}
+
+static PyObject *
+thunk_new(CompiledBackward *self, PyObject *ctx, PyObject *all_args);
+
+static PyObject *
+CompiledBackward_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
+                            PyObject *kwnames)
+{
+    CompiledBackward *self = (CompiledBackward *)op;
+    rt_state *st = self->st;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 2 || kwnames != NULL || !PyList_Check(argv[1])) {
+        /* Not the boxed call autograd makes: upstream's backward binds the
+         * arguments and raises its own errors ("expects grads as a single
+         * mutable list", missing ctx, ...). */
+        return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
+    }
+    PyObject *ctx = argv[0];
+    PyObject *grads = argv[1];
+    PyObject *saved = NULL, *symints = NULL, *opaque = NULL, *all_args = NULL;
+    PyObject *result = NULL, *impl_fn = NULL, *cc = NULL;
+
+    saved = PyObject_GetAttr(ctx, st->str_saved_tensors);
+    if (saved == NULL) {
+        goto done;
+    }
+    if (self->has_no_vc_check) {
+        PyObject *no_vc = PyObject_GetAttr(ctx, st->str_tensors_no_vc_check);
+        PyObject *both = no_vc ? PySequence_List(saved) : NULL;
+        if (both == NULL || extend(both, no_vc) < 0) {
+            Py_XDECREF(no_vc);
+            Py_XDECREF(both);
+            goto done;
+        }
+        Py_DECREF(no_vc);
+        Py_SETREF(saved, both);
+    }
+    if ((symints = PyObject_GetAttr(ctx, st->str_symints)) == NULL ||
+        (opaque = PyObject_GetAttr(ctx, st->str_opaque_objects)) == NULL) {
+        goto done;
+    }
+    all_args = backward_prologue(self, saved, symints, opaque, grads);
+    Py_CLEAR(saved); /* del _saved */
+    if (all_args == NULL) {
+        goto done;
+    }
+    if (self->rng_add != NULL) {
+        PyObject *cargs[2] = {ctx, all_args};
+        PyObject *r = PyObject_Vectorcall(self->rng_add, cargs, 2, NULL);
+        if (r == NULL) {
+            goto done;
+        }
+        Py_DECREF(r);
+    }
+    /* The TLS `context` hook and the double-backward guard need impl_fn as
+     * a Python callable; the common path calls the implementation directly. */
+    PyObject *key = st->str_context;
+    PyObject *r = PyObject_Vectorcall(st->is_key_in_tls, &key, 1, NULL);
+    int has_key = r ? PyObject_IsTrue(r) : -1;
+    Py_XDECREF(r);
+    if (has_key < 0) {
+        goto done;
+    }
+    if (has_key) {
+        cc = PyObject_Vectorcall(st->get_obj_in_tls, &key, 1, NULL);
+        if (cc == NULL) {
+            goto done;
+        }
+        if (cc == Py_None) {
+            Py_CLEAR(cc);
+        }
+    }
+    int grad = rt_grad_enabled(st);
+    if (grad < 0) {
+        goto done;
+    }
+    int need_double = grad;
+    if (grad && !self->inputs_require_grad) {
+        need_double = 0;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(all_args) && !need_double; i++) {
+            PyObject *t = PyList_GET_ITEM(all_args, i);
+            int is_tensor = rt_is_tensor(st, t);
+            if (is_tensor < 0) {
+                goto done;
+            }
+            if (is_tensor) {
+                Py_INCREF(t);
+                need_double = rt_tensor_requires_grad(st, t);
+                Py_DECREF(t);
+                if (need_double < 0) {
+                    goto done;
+                }
+            }
+        }
+    }
+    if (cc == NULL && !need_double) {
+        result = backward_impl(self, ctx, all_args);
+        goto done;
+    }
+    impl_fn = thunk_new(self, ctx, all_args);
+    if (impl_fn == NULL) {
+        goto done;
+    }
+    if (cc != NULL && !need_double) {
+        /* functools.partial(cc.run, impl_fn)() is cc.run(impl_fn) */
+        PyObject *cargs[2] = {cc, impl_fn};
+        result = PyObject_VectorcallMethod(st->str_run, cargs, 2, NULL);
+        goto done;
+    }
+    if (cc != NULL) {
+        /* impl_fn = functools.partial(cc.run, impl_fn) */
+        PyObject *run = PyObject_GetAttr(cc, st->str_run);
+        if (run == NULL) {
+            goto done;
+        }
+        PyObject *pargs[2] = {run, impl_fn};
+        PyObject *wrapped = PyObject_Vectorcall(st->partial, pargs, 2, NULL);
+        Py_DECREF(run);
+        if (wrapped == NULL) {
+            goto done;
+        }
+        Py_SETREF(impl_fn, wrapped);
+    }
+    if (need_double) {
+        PyObject *dargs[3] = {ctx, impl_fn, all_args};
+        result = PyObject_Vectorcall(self->double_backward, dargs, 3, NULL);
+    }
+    else {
+        result = PyObject_CallNoArgs(impl_fn);
+    }
+done:
+    Py_XDECREF(saved);
+    Py_XDECREF(symints);
+    Py_XDECREF(opaque);
+    Py_XDECREF(all_args);
+    Py_XDECREF(impl_fn);
+    Py_XDECREF(cc);
+    return result;
+}
+
+static int
+parse_tangents(CompiledBackward *self, PyObject *kwargs)
+{
+    PyObject *v = rt_plan_required(kwargs, "tangents");
+    if (v == NULL) {
+        return -1;
+    }
+    if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != self->n_surviving) {
+        PyErr_Format(PyExc_ValueError, "plan: tangents must be a tuple of %zd entries",
+                     self->n_surviving);
+        return -1;
+    }
+    self->tangents = PyMem_Calloc(self->n_surviving ? self->n_surviving : 1,
+                                  sizeof(tangent_plan));
+    if (self->tangents == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < self->n_surviving; j++) {
+        PyObject *rec = PyTuple_GET_ITEM(v, j);
+        tangent_plan *t = &self->tangents[j];
+        if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 8 ||
+            !PyLong_Check(PyTuple_GET_ITEM(rec, 0))) {
+            PyErr_Format(PyExc_ValueError, "plan: tangents[%zd] must be an 8-tuple", j);
+            return -1;
+        }
+        t->kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(rec, 0));
+        if (t->kind < TANGENT_STRIDES || t->kind > TANGENT_PYTHON) {
+            PyErr_Format(PyExc_ValueError, "plan: tangents[%zd] has unknown kind", j);
+            return -1;
+        }
+        t->meta = Py_NewRef(PyTuple_GET_ITEM(rec, 1));
+        t->memory_format_meta = Py_NewRef(PyTuple_GET_ITEM(rec, 2));
+        t->size = Py_NewRef(PyTuple_GET_ITEM(rec, 3));
+        t->stride = Py_NewRef(PyTuple_GET_ITEM(rec, 4));
+        t->memory_format = Py_NewRef(PyTuple_GET_ITEM(rec, 5));
+        t->desc = Py_NewRef(PyTuple_GET_ITEM(rec, 6));
+        t->stack_trace = Py_NewRef(PyTuple_GET_ITEM(rec, 7));
+        if ((t->index = PyLong_FromSsize_t(j)) == NULL) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+CompiledBackward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    if (PyTuple_GET_SIZE(args) != 0) {
+        PyErr_SetString(PyExc_TypeError, "CompiledBackward takes keyword arguments only");
+        return NULL;
+    }
+    CompiledBackward *self = (CompiledBackward *)rt_fn_alloc(type, CompiledBackward_vectorcall);
+    if (self == NULL) {
+        return NULL;
+    }
+    int err = 0;
+    PyObject *v;
+    bool b[7];
+    if ((self->upstream = rt_callable_or_null(kwargs, "upstream", &err)) == NULL) {
+        if (!err) {
+            PyErr_SetString(PyExc_ValueError, "plan: upstream must be callable");
+        }
+        goto fail;
+    }
+    if ((v = rt_plan_required(kwargs, "cls")) == NULL) {
+        goto fail;
+    }
+    self->cls = Py_NewRef(v);
+    if ((self->double_backward = PyObject_GetAttrString(v, "_double_backward")) == NULL) {
+        goto fail;
+    }
+    if ((v = rt_plan_required(kwargs, "backward_compiler")) == NULL) {
+        goto fail;
+    }
+    self->backward_compiler = Py_NewRef(v);
+    if ((v = rt_plan_required(kwargs, "fw_metadata")) == NULL) {
+        goto fail;
+    }
+    self->fw_metadata = Py_NewRef(v);
+    if ((v = rt_plan_required(kwargs, "compile_id")) == NULL) {
+        goto fail;
+    }
+    self->compile_id = Py_NewRef(v);
+    self->rng_add = rt_callable_or_null(kwargs, "rng_add_backward_args", &err);
+    if (err || rt_plan_bool(kwargs, "disable_amp", &b[0]) < 0 ||
+        rt_plan_bool(kwargs, "has_backward_state", &b[1]) < 0 ||
+        rt_plan_bool(kwargs, "check_deterministic", &b[2]) < 0 ||
+        rt_plan_bool(kwargs, "has_mutations_in_bw", &b[3]) < 0 ||
+        rt_plan_bool(kwargs, "inputs_require_grad", &b[4]) < 0 ||
+        rt_plan_bool(kwargs, "has_no_vc_check", &b[5]) < 0 ||
+        (v = rt_plan_required(kwargs, "expected_grad_outs")) == NULL ||
+        rt_index_or_none(v, "expected_grad_outs", &self->expected_grad_outs) < 0 ||
+        (v = rt_plan_required(kwargs, "num_backward_tokens")) == NULL ||
+        rt_index_or_none(v, "num_backward_tokens", &self->num_backward_tokens) < 0 ||
+        rt_plan_indices(kwargs, "surviving", &self->n_surviving, &self->surviving) < 0) {
+        goto fail;
+    }
+    self->disable_amp = b[0];
+    self->has_backward_state = b[1];
+    self->check_deterministic = b[2];
+    self->has_mutations_in_bw = b[3];
+    self->inputs_require_grad = b[4];
+    self->has_no_vc_check = b[5];
+    if (self->expected_grad_outs < 0 || self->num_backward_tokens < 0) {
+        PyErr_SetString(PyExc_ValueError, "plan: grad counts must be ints");
+        goto fail;
+    }
+    for (Py_ssize_t j = 0; j < self->n_surviving; j++) {
+        if (self->surviving[j] >= self->expected_grad_outs) {
+            PyErr_Format(PyExc_ValueError, "plan: surviving grad %zd is not in [0, %zd)",
+                         self->surviving[j], self->expected_grad_outs);
+            goto fail;
+        }
+    }
+    if (parse_tangents(self, kwargs) < 0) {
+        goto fail;
+    }
+    return (PyObject *)self;
+fail:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static int
+CompiledBackward_traverse(CompiledBackward *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->module);
+    Py_VISIT(self->dict);
+    Py_VISIT(self->upstream);
+    Py_VISIT(self->cls);
+    Py_VISIT(self->double_backward);
+    Py_VISIT(self->backward_compiler);
+    Py_VISIT(self->fw_metadata);
+    Py_VISIT(self->rng_add);
+    Py_VISIT(self->compile_id);
+    Py_VISIT(self->compiled_bw);
+    if (self->tangents) {
+        for (Py_ssize_t j = 0; j < self->n_surviving; j++) {
+            tangent_plan *t = &self->tangents[j];
+            Py_VISIT(t->meta);
+            Py_VISIT(t->memory_format_meta);
+            Py_VISIT(t->size);
+            Py_VISIT(t->stride);
+            Py_VISIT(t->memory_format);
+            Py_VISIT(t->desc);
+            Py_VISIT(t->stack_trace);
+        }
+    }
+    return 0;
+}
+
+static int
+CompiledBackward_clear(CompiledBackward *self)
+{
+    Py_CLEAR(self->dict);
+    Py_CLEAR(self->upstream);
+    Py_CLEAR(self->cls);
+    Py_CLEAR(self->double_backward);
+    Py_CLEAR(self->backward_compiler);
+    Py_CLEAR(self->fw_metadata);
+    Py_CLEAR(self->rng_add);
+    Py_CLEAR(self->compile_id);
+    Py_CLEAR(self->compiled_bw);
+    if (self->tangents) {
+        for (Py_ssize_t j = 0; j < self->n_surviving; j++) {
+            tangent_plan *t = &self->tangents[j];
+            Py_CLEAR(t->meta);
+            Py_CLEAR(t->memory_format_meta);
+            Py_CLEAR(t->size);
+            Py_CLEAR(t->stride);
+            Py_CLEAR(t->memory_format);
+            Py_CLEAR(t->desc);
+            Py_CLEAR(t->stack_trace);
+            Py_CLEAR(t->index);
+        }
+    }
+    return 0;
+}
+
+static void
+CompiledBackward_free_arrays(CompiledBackward *self)
+{
+    PyMem_Free(self->surviving);
+    PyMem_Free(self->tangents);
+}
+
+/* ---- BackwardThunk: impl_fn(double_ctx=None) ---------------------------- */
+
+static PyObject *
+BackwardThunk_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
+                         PyObject *kwnames)
+{
+    BackwardThunk *self = (BackwardThunk *)op;
+    (void)argv; /* double_ctx is accepted and unused, as upstream's impl_fn */
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs + nkw > 1 ||
+        (nkw == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0),
+                                                      "double_ctx") != 0)) {
+        PyErr_SetString(PyExc_TypeError, "impl_fn() takes one optional argument, double_ctx");
+        return NULL;
+    }
+    return backward_impl((CompiledBackward *)self->backward, self->ctx, self->all_args);
+}
+
+static PyObject *
+thunk_new(CompiledBackward *backward, PyObject *ctx, PyObject *all_args)
+{
+    PyTypeObject *type = backward->st->BackwardThunkType;
+    BackwardThunk *self = (BackwardThunk *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->vectorcall = BackwardThunk_vectorcall;
+    self->backward = Py_NewRef((PyObject *)backward);
+    self->ctx = Py_NewRef(ctx);
+    self->all_args = Py_NewRef(all_args);
+    return (PyObject *)self;
+}
+
+static int
+BackwardThunk_traverse(BackwardThunk *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->backward);
+    Py_VISIT(self->ctx);
+    Py_VISIT(self->all_args);
+    return 0;
+}
+
+static int
+BackwardThunk_clear(BackwardThunk *self)
+{
+    Py_CLEAR(self->backward);
+    Py_CLEAR(self->ctx);
+    Py_CLEAR(self->all_args);
+    return 0;
+}
+
+DEFINE_DEALLOC(CompiledBackward, CompiledBackward_free_arrays(self))
+FN_MEMBERS(CompiledBackward)
+FN_SPEC(CompiledBackward, "CompiledFunction.backward(ctx, grads) in C (keyword plan).")
+
+
+static void
+BackwardThunk_dealloc(BackwardThunk *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    BackwardThunk_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyMemberDef BackwardThunk_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(BackwardThunk, vectorcall), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot BackwardThunk_slots[] = {
+    {Py_tp_dealloc, BackwardThunk_dealloc},
+    {Py_tp_traverse, BackwardThunk_traverse},
+    {Py_tp_clear, BackwardThunk_clear},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_members, BackwardThunk_members},
+    {Py_tp_doc, (void *)"impl_fn(double_ctx=None) of one CompiledFunction backward."},
+    {0, NULL},
+};
+
+PyType_Spec BackwardThunk_spec = {
+    .name = "torch_aot_rt._C.BackwardThunk",
+    .basicsize = sizeof(BackwardThunk),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = BackwardThunk_slots,
+};

@@ -1,0 +1,146 @@
+/* function_apply.c: FunctionApply, the boxed `CompiledFunction.apply` the
+ * runtime wrapper calls (upstream: make_boxed_func(CompiledFunction.apply),
+ * i.e. Function.apply in torch/autograd/function.py). */
+#include "autograd_common.h"
+
+/* ======================================================================
+ * FunctionApply: `CompiledFunction.apply`, boxed.
+ *
+ * Function.apply (torch/autograd/function.py) does, for a class without
+ * setup_context: if no functorch transform is active, unwrap dead functorch
+ * wrappers among the tensor args and call _FunctionBase.apply; else go
+ * through custom_function_call. We do the first directly, with the same
+ * unwrap_if_dead per tensor, and hand the second to upstream's Python.
+ * ====================================================================== */
+
+typedef struct {
+    RT_FN_HEAD
+    PyObject *apply_base;    /* _FunctionBase.apply bound to the class */
+    PyObject *apply_python;  /* CompiledFunction.apply: Function.apply */
+} FunctionApply;
+
+static PyObject *
+FunctionApply_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
+                         PyObject *kwnames)
+{
+    FunctionApply *self = (FunctionApply *)op;
+    rt_state *st = self->st;
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError,
+                        "CompiledFunction boxed apply takes the list of arguments");
+        return NULL;
+    }
+    /* upstream's make_boxed_func(apply): g(args) = apply(*args) */
+    PyObject *args = PySequence_Tuple(argv[0]);
+    if (args == NULL) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    int active = -1;
+    PyObject *r = PyObject_CallNoArgs(st->functorch_transforms_active);
+    if (r != NULL) {
+        active = PyObject_IsTrue(r);
+        Py_DECREF(r);
+    }
+    if (active < 0) {
+        goto done;
+    }
+    if (active) {
+        result = PyObject_Call(self->apply_python, args, NULL);
+        goto done;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    PyObject *stack_args[RT_STACK_ARGS];
+    PyObject **stack = n <= RT_STACK_ARGS ? stack_args : PyMem_Malloc(n * sizeof(PyObject *));
+    if (stack == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t filled = 0;
+    for (; filled < n; filled++) {
+        PyObject *arg = PyTuple_GET_ITEM(args, filled);
+        int is_tensor = rt_is_tensor(st, arg);
+        if (is_tensor < 0) {
+            break;
+        }
+        stack[filled] = is_tensor ? PyObject_Vectorcall(st->unwrap_if_dead, &arg, 1, NULL)
+                                  : Py_NewRef(arg);
+        if (stack[filled] == NULL) {
+            break;
+        }
+    }
+    if (filled == n) {
+        result = PyObject_Vectorcall(self->apply_base, stack, n, NULL);
+    }
+    for (Py_ssize_t i = 0; i < filled; i++) {
+        Py_DECREF(stack[i]);
+    }
+    if (stack != stack_args) {
+        PyMem_Free(stack);
+    }
+done:
+    Py_DECREF(args);
+    return result;
+}
+
+static PyObject *
+FunctionApply_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *cls;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0) {
+        PyErr_SetString(PyExc_TypeError, "FunctionApply() takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "O:FunctionApply", &cls)) {
+        return NULL;
+    }
+    FunctionApply *self = (FunctionApply *)rt_fn_alloc(type, FunctionApply_vectorcall);
+    if (self == NULL) {
+        return NULL;
+    }
+    rt_state *st = self->st;
+    int sub = PyType_Check(cls) ? PyObject_IsSubclass(cls, st->FunctionBase) : 0;
+    if (sub <= 0) {
+        if (sub == 0) {
+            PyErr_SetString(PyExc_ValueError, "plan: FunctionApply needs an autograd.Function class");
+        }
+        Py_DECREF(self);
+        return NULL;
+    }
+    descrgetfunc get = Py_TYPE(st->function_base_apply)->tp_descr_get;
+    self->apply_base = get ? get(st->function_base_apply, NULL, cls) : NULL;
+    self->apply_python = PyObject_GetAttrString(cls, "apply");
+    if (self->apply_base == NULL || self->apply_python == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "_FunctionBase.apply is not a descriptor");
+        }
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int
+FunctionApply_traverse(FunctionApply *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->module);
+    Py_VISIT(self->dict);
+    Py_VISIT(self->apply_base);
+    Py_VISIT(self->apply_python);
+    return 0;
+}
+
+static int
+FunctionApply_clear(FunctionApply *self)
+{
+    Py_CLEAR(self->dict);
+    Py_CLEAR(self->apply_base);
+    Py_CLEAR(self->apply_python);
+    return 0;
+}
+
+DEFINE_DEALLOC(FunctionApply, (void)0)
+FN_MEMBERS(FunctionApply)
+FN_SPEC(FunctionApply,
+        "FunctionApply(cls): CompiledFunction.apply, boxed (called with the args list).")
