@@ -1,8 +1,15 @@
 """End to end: ``torch.compile(backend="aot_eager")`` of a one-op function, with
-upstream's runtime wrapper and with the C one, against eager.
+upstream's runtime (runtime wrapper, and ``CompiledFunction`` when the input
+requires grad) and with the C one, against eager.
 
 Each (row, variant) compiles its own copy of the function (a distinct code
 object, so Dynamo keeps a separate cache entry with one guard set each).
+torch_aot_rt's on/off choice is made when the function is first called, so the
+first (warm-up) calls run inside ``torch_aot_rt.enabled(flag)``.
+
+The ``requires_grad_backward`` row calls ``y = f(x); y.backward(g)`` (g a fixed
+tensor of ones): the compiled forward and backward, both through
+``CompiledFunction``, and the grad accumulated into ``x.grad``, as eager does.
 """
 
 from __future__ import annotations
@@ -24,18 +31,30 @@ def one_op(x):
     return x.sin()
 
 
-# row -> (description, requires_grad, context manager factory)
-ROWS: dict[str, tuple[str, bool, Callable[[], contextlib.AbstractContextManager]]] = {
-    "no_grad_input": ("x.sin(), requires_grad=False", False, contextlib.nullcontext),
+# row -> (description, requires_grad, context manager factory, backward too)
+ROWS: dict[
+    str, tuple[str, bool, Callable[[], contextlib.AbstractContextManager], bool]
+] = {
+    "no_grad_input": (
+        "x.sin(), requires_grad=False", False, contextlib.nullcontext, False
+    ),
     "inference_mode": (
         "x.sin(), under torch.inference_mode()",
         False,
         torch.inference_mode,
+        False,
     ),
     "requires_grad": (
         "x.sin(), requires_grad=True (forward only)",
         True,
         contextlib.nullcontext,
+        False,
+    ),
+    "requires_grad_backward": (
+        "y = x.sin(), requires_grad=True; y.backward(g)",
+        True,
+        contextlib.nullcontext,
+        True,
     ),
 }
 
@@ -51,6 +70,7 @@ class E2ECase:
     description: str
     x: torch.Tensor
     context: Callable[[], contextlib.AbstractContextManager]
+    backward: bool = False
     fns: dict[str, Callable] = field(default_factory=dict)
     c_note: str | None = None
     c_stats: dict | None = None  # torch_aot_rt.stats() delta of the C compile
@@ -59,27 +79,39 @@ class E2ECase:
         fn = self.fns.get(variant)
         if fn is None:
             return None
-        x = self.x
-
-        def run():
-            return fn(x)
-
-        return run
+        return _run(fn, self.x, self.backward)
 
     def available(self):
         return tuple(v for v in E2E_VARIANTS if v in self.fns)
 
 
-def _compile(tag: str, flag: bool | None, x, context, warmup: int):
+def _run(fn, x, backward: bool):
+    """One call of ``fn`` on ``x``, and ``.backward(g)`` of the result if asked."""
+    if not backward:
+        def run():
+            return fn(x)
+
+        return run
+    g = torch.ones_like(x)
+
+    def run():
+        fn(x).backward(g)
+
+    return run
+
+
+def _compile(tag: str, flag: bool | None, x, context, warmup: int, backward=False):
     """Compile a fresh copy of one_op with the C runtime on (flag True), off
-    (False), or without torch_aot_rt installed (None); return (fn, stats delta)."""
+    (False), or without torch_aot_rt installed (None); return (fn, stats delta).
+    With ``backward``, the warm-up calls also run the backward (compiling it)."""
     rt = _cases.torch_aot_rt
     compiled = torch.compile(_fresh_copy(one_op, tag), backend="aot_eager", fullgraph=True)
     switch = contextlib.nullcontext() if flag is None else rt.enabled(flag)
     before = rt.stats() if rt is not None and flag is not None else None
+    run = _run(compiled, x, backward)
     with switch, context():
         for _ in range(warmup):
-            compiled(x)
+            run()
     delta = None
     if before is not None:
         after = rt.stats()
@@ -92,21 +124,27 @@ def _compile(tag: str, flag: bool | None, x, context, warmup: int):
 
 
 def build_e2e_case(name: str, *, warmup: int = 5) -> E2ECase:
-    description, requires_grad, context = ROWS[name]
+    description, requires_grad, context, backward = ROWS[name]
     torch.manual_seed(0)
     x = torch.randn(4).requires_grad_(requires_grad)
-    case = E2ECase(name, description, x, context)
+    case = E2ECase(name, description, x, context, backward)
     case.fns["eager"] = one_op
     have_c = _cases._C is not None
     case.fns["upstream"], _ = _compile(
-        f"{name}_upstream", False if have_c else None, x, context, warmup
+        f"{name}_upstream", False if have_c else None, x, context, warmup, backward
     )
     if not have_c:
         case.c_note = _cases.C_UNAVAILABLE
     else:
-        fn, delta = _compile(f"{name}_c", True, x, context, warmup)
+        fn, delta = _compile(f"{name}_c", True, x, context, warmup, backward)
         case.c_stats = delta
-        if delta["runtime_wrappers"] >= 1 and delta["fallbacks"] == 0:
+        # with requires_grad, the C CompiledFunction must have been built too
+        need_fn = 1 if requires_grad else 0
+        if (
+            delta["runtime_wrappers"] >= 1
+            and delta["autograd_functions"] >= need_fn
+            and delta["fallbacks"] == 0
+        ):
             case.fns["c"] = fn
         else:
             case.c_note = f"C runtime wrapper not used: stats delta {delta}"
@@ -125,8 +163,14 @@ def check_c_matches_upstream(case: E2ECase) -> tuple[bool | None, str]:
         x = case.x.detach().clone().requires_grad_(case.x.requires_grad)
         with case.context():
             out = case.fns[variant](x)
+            result = _cases.describe(out, (x,))
+            grad = None
+            if case.backward:
+                out.backward(torch.ones_like(x))
+                grad = _cases.describe(x.grad, (x,))
             seen[variant] = (
-                _cases.describe(out, (x,)),
+                result,
+                grad,
                 torch.is_grad_enabled(),
                 torch.is_inference_mode_enabled(),
             )

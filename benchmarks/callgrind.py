@@ -1,6 +1,7 @@
 """Instructions per call (callgrind Ir) of direct / upstream / C, per configuration.
 
     python benchmarks/callgrind.py [--calls 2000] [--cases inference ...]
+    python benchmarks/callgrind.py --keep DIR   # keep the dumps, for callgrind_annotate
 
 runs itself under ``valgrind --tool=callgrind --instr-atstart=no`` (so importing
 torch is not simulated), and inside:
@@ -12,6 +13,13 @@ torch is not simulated), and inside:
   calls, dump the counters; Ir per call = (Ir(calls) - Ir(0)) / calls. The n=0
   dump holds the constant cost of the measurement itself (ctypes calls, loop
   setup); subtracting it leaves the calls alone.
+
+Groups: the runtime wrapper alone (``_cases.py``), CompiledFunction alone
+(``_function.py``; ``--no-function`` skips it) and end to end (``_e2e.py``;
+``--no-e2e``). With ``--keep DIR`` the dump files stay in DIR (one per
+configuration, variant and n; the label is in each file's ``desc: Trigger``
+line), so that ``callgrind_annotate --inclusive=yes FILE`` shows where a
+variant's instructions go.
 
 Without a compiler or <valgrind/callgrind.h> it falls back to whole-process
 counts: one run with 0 calls and one with ``calls`` calls per variant, same
@@ -79,7 +87,7 @@ def _loop(run, n):
 # inside valgrind
 
 
-def inner_toggle(helper: str, case_names, calls: int, e2e: bool) -> None:
+def inner_toggle(helper: str, case_names, calls: int, e2e: bool, function: bool) -> None:
     import contextlib
     import gc
 
@@ -88,6 +96,12 @@ def inner_toggle(helper: str, case_names, calls: int, e2e: bool) -> None:
     lib = ctypes.CDLL(helper)
     lib.cg_dump.argtypes = [ctypes.c_char_p]
     groups = [("wrapper", _cases.build_cases(case_names), contextlib.nullcontext)]
+    if function:
+        from benchmarks import _function
+
+        groups.append(
+            ("function", _function.build_function_cases(), contextlib.nullcontext)
+        )
     if e2e:
         from benchmarks import _e2e
 
@@ -163,14 +177,21 @@ def _read_dump(path: str) -> tuple[str | None, int]:
     return label, total or 0
 
 
-def measure_toggle(helper, case_names, calls, e2e):
-    """{(group, name, variant): Ir per call}, notes."""
+def measure_toggle(helper, case_names, calls, e2e, function=True, keep=None):
+    """{(group, name, variant): Ir per call}, notes. ``keep``: a directory
+    to copy the dump files to."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "cg.out")
         inner = ["--inner-toggle", helper, "--calls", str(calls), "--cases", *case_names]
         if e2e:
             inner.append("--e2e")
+        if function:
+            inner.append("--function")
         notes = _valgrind(out, inner, instr_atstart=False)
+        if keep:
+            os.makedirs(keep, exist_ok=True)
+            for path in glob.glob(out + "*"):
+                shutil.copy(path, keep)
         counts = {}
         for path in glob.glob(out + "*"):
             label, total = _read_dump(path)
@@ -211,8 +232,9 @@ def _table(title, per_call, group, names, variants, base):
         return "n/a".rjust(w) if x is None else f"{x:{w}.{p}f}"
 
     print(title)
+    width = max([22] + [len(n) + 1 for n in names])
     cols = (
-        f"{'configuration':<22}{base:>9}{'upstream':>10}{'C':>9}"
+        f"{'configuration':<{width}}{base:>9}{'upstream':>10}{'C':>9}"
         f"{'ovh up':>9}{'ovh C':>9}{'ratio':>8}"
     )
     print(cols)
@@ -222,10 +244,11 @@ def _table(title, per_call, group, names, variants, base):
         ou = None if u is None or d is None else u - d
         oc = None if c is None or d is None else c - d
         ratio = None if oc is None or not ou else oc / ou
-        print(f"{name:<22}{f(d)}{f(u, 10)}{f(c)}{f(ou)}{f(oc)}{f(ratio, 8, 3)}")
+        print(f"{name:<{width}}{f(d)}{f(u, 10)}{f(c)}{f(ou)}{f(oc)}{f(ratio, 8, 3)}")
 
 
-def report(cases=None, calls: int = 2000, e2e: bool = True) -> dict:
+def report(cases=None, calls: int = 2000, e2e: bool = True, function: bool = True,
+           keep: str | None = None) -> dict:
     from benchmarks import _cases
 
     case_names = list(cases or _cases.CONFIGS)
@@ -236,11 +259,11 @@ def report(cases=None, calls: int = 2000, e2e: bool = True) -> dict:
         helper = build_helper(d)
         if helper is not None:
             method = "instrumentation on only around the calls (client requests)"
-            per_call, notes = measure_toggle(helper, case_names, calls, e2e)
+            per_call, notes = measure_toggle(helper, case_names, calls, e2e, function, keep)
         else:
-            method = "whole-process counts minus a 0-call run (no e2e rows)"
+            method = "whole-process counts minus a 0-call run (runtime wrapper rows only)"
             per_call, notes = measure_whole(case_names, calls)
-            e2e = False
+            e2e = function = False
     print("== instructions per call (callgrind Ir) ==")
     print(
         f"{calls} calls per variant, minus a 0-call dump; {method}; "
@@ -248,6 +271,11 @@ def report(cases=None, calls: int = 2000, e2e: bool = True) -> dict:
     )
     _table("-- runtime wrapper alone --", per_call, "wrapper", case_names,
            _cases.VARIANTS, "direct")
+    if function:
+        from benchmarks import _function
+
+        _table("-- CompiledFunction alone (fw: boxed apply; fw+bw: + torch.autograd.backward) --",
+               per_call, "function", list(_function.ROWS), _function.VARIANTS, "direct")
     if e2e:
         from benchmarks import _e2e
 
@@ -267,18 +295,23 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--cases", nargs="*", default=None)
-    p.add_argument("--no-e2e", action="store_true", help="runtime wrapper rows only")
+    p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end rows")
+    p.add_argument("--no-function", action="store_true",
+                   help="skip the CompiledFunction rows")
+    p.add_argument("--keep", metavar="DIR", help="keep the callgrind dumps in DIR")
     p.add_argument("--inner-toggle", metavar="HELPER", help=argparse.SUPPRESS)
     p.add_argument("--e2e", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--function", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--inner-whole", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.inner_toggle:
-        inner_toggle(args.inner_toggle, args.cases, args.calls, args.e2e)
+        inner_toggle(args.inner_toggle, args.cases, args.calls, args.e2e, args.function)
     elif args.inner_whole:
         name, variant, calls = args.inner_whole
         inner_whole(name, variant, int(calls))
     else:
-        report(args.cases, args.calls, e2e=not args.no_e2e)
+        report(args.cases, args.calls, e2e=not args.no_e2e, function=not args.no_function,
+               keep=args.keep)
 
 
 if __name__ == "__main__":

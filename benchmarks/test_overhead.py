@@ -1,9 +1,10 @@
-"""pytest-benchmark: the runtime wrapper's per-call cost, direct / upstream / C.
+"""pytest-benchmark: the per-call cost of AOTAutograd's runtime wrapper and
+CompiledFunction, direct / upstream / C.
 
     pytest benchmarks --benchmark-only
 
-One group per configuration (and per end-to-end row), so the table puts direct,
-upstream and C of the same configuration together. pytest-benchmark runs the
+One group per configuration (per CompiledFunction row, per end-to-end row), so
+the table puts direct, upstream and C of the same configuration together. pytest-benchmark runs the
 variants one after the other, not interleaved: for ratios that noise hits
 alike, use ``python benchmarks/report.py``.
 """
@@ -14,12 +15,17 @@ import functools
 
 import pytest
 
-from benchmarks import _cases, _e2e
+from benchmarks import _cases, _e2e, _function
 
 
 @functools.lru_cache(maxsize=None)
 def _case(name):
     return _cases.build_case(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _function_case(name):
+    return _function.build_function_case(name)
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,7 +54,30 @@ def test_c_matches_upstream(config):
     assert ok, msg
 
 
-E2E_ROWS = ("no_grad_input", "inference_mode", "requires_grad")
+@pytest.mark.parametrize("variant", _function.VARIANTS)
+@pytest.mark.parametrize("row", list(_function.ROWS))
+def test_compiled_function(benchmark, row, variant):
+    """CompiledFunction alone: fw = boxed apply, fw+bw = + torch.autograd.backward."""
+    case = _function_case(row)
+    run = case.call(variant)
+    if run is None:
+        pytest.skip(case.c_note or f"{variant} unavailable")
+    benchmark.group = f"CompiledFunction: {row}"
+    benchmark.extra_info["description"] = case.description
+    benchmark(run)
+
+
+@pytest.mark.parametrize("row", list(_function.ROWS))
+def test_compiled_function_c_matches_upstream(row):
+    """Not a benchmark: C and upstream CompiledFunction give the same outputs
+    and grads (real compile), and the measured apply returns the same."""
+    ok, msg = _function.check_c_matches_upstream(_function_case(row))
+    if ok is None:
+        pytest.skip(msg)
+    assert ok, msg
+
+
+E2E_ROWS = tuple(_e2e.ROWS)
 
 
 @pytest.mark.parametrize("variant", ("eager", "upstream", "c"))
@@ -62,3 +91,13 @@ def test_end_to_end(benchmark, row, variant):
     benchmark.extra_info["description"] = case.description
     with case.context():
         benchmark(run)
+
+
+@pytest.mark.parametrize("row", E2E_ROWS)
+def test_end_to_end_c_matches_upstream(row):
+    """Not a benchmark: the compiled function gives the same output (and
+    grad, in the backward row) with the C runtime as with upstream's."""
+    ok, msg = _e2e.check_c_matches_upstream(_e2e_case(row))
+    if ok is None:
+        pytest.skip(msg)
+    assert ok, msg

@@ -44,11 +44,16 @@ PyObject *rt_call_boxed(rt_state *st, PyObject *fn, PyObject *list, bool disable
 /* setattr(obj, name, value); steals value, which may be NULL (error passed on) */
 int rt_set_attr(PyObject *obj, PyObject *name, PyObject *value);
 
+/* Bound like a Python function when found on a class through an instance
+ * (CompiledBackward serves as the backward class's apply_boxed). */
+PyObject *rt_fn_descr_get(PyObject *self, PyObject *obj, PyObject *type);
+
 extern PyGetSetDef rt_fn_getset[];
 extern PyType_Spec FunctionApply_spec;
 extern PyType_Spec CompiledForward_spec;
 extern PyType_Spec CompiledBackward_spec;
 extern PyType_Spec BackwardThunk_spec;
+extern PyType_Spec ApplyBoxed_spec;
 
 #define DEFINE_DEALLOC(Type, extra)                                          \
     static void Type##_dealloc(Type *self)                                   \
@@ -80,6 +85,7 @@ extern PyType_Spec BackwardThunk_spec;
         {Py_tp_traverse, Type##_traverse},                                   \
         {Py_tp_clear, Type##_clear},                                         \
         {Py_tp_call, PyVectorcall_Call},                                     \
+        {Py_tp_descr_get, rt_fn_descr_get},                                  \
         {Py_tp_members, Type##_members},                                     \
         {Py_tp_getset, rt_fn_getset},                                           \
         {Py_tp_doc, (void *)doc},                                            \
@@ -89,7 +95,8 @@ extern PyType_Spec BackwardThunk_spec;
         .name = "torch_aot_rt._C." #Type,                                    \
         .basicsize = sizeof(Type),                                           \
         .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |                   \
-                 Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_IMMUTABLETYPE,      \
+                 Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_IMMUTABLETYPE |     \
+                 Py_TPFLAGS_METHOD_DESCRIPTOR,                               \
         .slots = Type##_slots,                                               \
     };
 

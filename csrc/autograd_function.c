@@ -165,6 +165,15 @@ rt_set_attr(PyObject *obj, PyObject *name, PyObject *value)
     return rc;
 }
 
+PyObject *
+rt_fn_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type))
+{
+    if (obj == NULL || obj == Py_None) {
+        return Py_NewRef(self);
+    }
+    return PyMethod_New(self, obj);
+}
+
 PyGetSetDef rt_fn_getset[] = {
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -182,6 +191,7 @@ rt_autograd_types_init(PyObject *module, rt_state *st)
         {&CompiledForward_spec, &st->CompiledForwardType},
         {&CompiledBackward_spec, &st->CompiledBackwardType},
         {&BackwardThunk_spec, &st->BackwardThunkType},
+        {&ApplyBoxed_spec, &st->ApplyBoxedType},
     };
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         *types[i].slot = (PyTypeObject *)PyType_FromModuleAndSpec(module, types[i].spec, NULL);

@@ -56,6 +56,8 @@ rt_state_init(rt_state *st)
     INTERN(str_boxed_call, "_boxed_call");
     INTERN(str_context, "context");
     INTERN(str_run, "run");
+    INTERN(str_backward, "backward");
+    INTERN(str_vjp, "vjp");
     INTERN(str_get_or_compile, "get_or_compile");
     INTERN(str_compiled_bw, "compiled_bw");
     INTERN(str_bw_donated_idxs, "bw_donated_idxs");
@@ -279,7 +281,7 @@ rt_torch_bind(rt_state *st)
     X(str_is_profiler_enabled) X(str_record_runtime_overhead)             \
     X(str_requires_grad) X(kwnames_replay_views) X(stream_error_message)  \
     X(wrapper_qualname) X(FunctionApplyType) X(CompiledForwardType)            \
-    X(CompiledBackwardType) X(BackwardThunkType) X(FunctionBase)          \
+    X(CompiledBackwardType) X(BackwardThunkType) X(ApplyBoxedType) X(FunctionBase)          \
     X(function_base_apply) X(maybe_clear_saved_tensors)                   \
     X(functorch_transforms_active) X(unwrap_if_dead)                      \
     X(peek_interpreter_stack) X(deterministic_enabled) X(is_key_in_tls)   \
@@ -290,7 +292,7 @@ rt_torch_bind(rt_state *st)
     X(str_non_differentiable) X(str_materialize_non_diff_grads)           \
     X(str_tensors_no_vc_check) X(str_symints) X(str_opaque_objects)       \
     X(str_saved_tensors) X(str_backward_state) X(str_shape)               \
-    X(str_boxed_call) X(str_context) X(str_run) X(str_get_or_compile)     \
+    X(str_boxed_call) X(str_context) X(str_run) X(str_backward) X(str_vjp) X(str_get_or_compile)     \
     X(str_compiled_bw) X(str_bw_donated_idxs) X(str_donated_buffer)       \
     X(kwnames_use_once) X(kwnames_memory_format)                          \
     X(kwnames_steal_disable_amp)

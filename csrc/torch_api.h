@@ -69,6 +69,7 @@ typedef struct rt_state {
     PyTypeObject *CompiledForwardType;
     PyTypeObject *CompiledBackwardType;
     PyTypeObject *BackwardThunkType;
+    PyTypeObject *ApplyBoxedType;
     PyObject *FunctionBase;               /* torch._C._FunctionBase */
     PyObject *function_base_apply;        /* its `apply` classmethod descriptor */
     PyObject *maybe_clear_saved_tensors;  /* _FunctionBase.maybe_clear_saved_tensors */
@@ -104,6 +105,8 @@ typedef struct rt_state {
     PyObject *str_boxed_call;
     PyObject *str_context;
     PyObject *str_run;
+    PyObject *str_backward;
+    PyObject *str_vjp;
     PyObject *str_get_or_compile;
     PyObject *str_compiled_bw;
     PyObject *str_bw_donated_idxs;

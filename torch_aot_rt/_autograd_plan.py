@@ -166,6 +166,7 @@ def install_c_function(cls, spec):
     not cover this graph.
     """
     from torch._functorch import config as functorch_config
+    from torch.autograd.function import BackwardCFunction, Function
 
     from . import _C
 
@@ -200,6 +201,14 @@ def install_c_function(cls, spec):
     apply._boxed_call = True
     cls.forward = staticmethod(forward)
     cls.backward = staticmethod(backward)
+    # The engine calls ctx.apply_boxed(grads) (boxed_grads_call), whose Python
+    # body is `self._get_user_fn()(self, *args)`: while cls.backward is ours and
+    # vjp is not overridden, that is our backward, called from C.
+    backward_cls = cls._backward_cls
+    if getattr(backward_cls, "apply_boxed", None) is BackwardCFunction.apply_boxed:
+        backward_cls.apply_boxed = _C.ApplyBoxed(
+            backward, cls, Function.vjp, BackwardCFunction.apply_boxed
+        )
     return apply
 
 
