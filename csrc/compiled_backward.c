@@ -372,7 +372,10 @@ CompiledBackward_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
         Py_DECREF(r);
     }
     /* The TLS `context` hook and the double-backward guard need impl_fn as
-     * a Python callable; the common path calls the implementation directly. */
+     * a Python callable. torch.autograd.backward/grad always stash a
+     * `context` (_engine_run_backward), so an ordinary backward runs as
+     * context.run(impl_fn); only a backward without one (grad_fn called by
+     * hand) calls the implementation directly. */
     PyObject *key = st->str_context;
     PyObject *r = PyObject_Vectorcall(st->is_key_in_tls, &key, 1, NULL);
     int has_key = r ? PyObject_IsTrue(r) : -1;
