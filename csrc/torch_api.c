@@ -70,6 +70,10 @@ rt_state_init(rt_state *st)
     for (int m = 0; m < RT_N_TENSOR_METHODS; m++) {
         INTERN(method_names[m], TENSOR_METHOD_NAMES[m]);
     }
+    if ((st->args_true = PyTuple_Pack(1, Py_True)) == NULL ||
+        (st->args_false = PyTuple_Pack(1, Py_False)) == NULL) {
+        return -1;
+    }
     PyObject *rv = PyUnicode_InternFromString("replay_views");
     if (rv == NULL) {
         return -1;
@@ -195,6 +199,20 @@ bind_autograd(rt_state *st)
     return 0;
 }
 
+/* If `fn` is a builtin taking (self, args, kwargs), its C entry point and
+ * self (borrowed from fn, which the state keeps alive). */
+static void
+direct_setter(PyObject *fn, PyCFunctionWithKeywords *c, PyObject **self)
+{
+    *c = NULL;
+    *self = NULL;
+    if (PyCFunction_Check(fn) &&
+        (PyCFunction_GET_FLAGS(fn) & ~METH_COEXIST) == (METH_VARARGS | METH_KEYWORDS)) {
+        *c = (PyCFunctionWithKeywords)(void (*)(void))PyCFunction_GET_FUNCTION(fn);
+        *self = PyCFunction_GET_SELF(fn);
+    }
+}
+
 int
 rt_torch_bind(rt_state *st)
 {
@@ -205,6 +223,9 @@ rt_torch_bind(rt_state *st)
     BIND(set_grad_enabled, "torch._C", "_set_grad_enabled");
     BIND(is_view_replay_enabled, "torch._C", "_is_view_replay_enabled");
     BIND(set_view_replay_enabled, "torch._C", "_set_view_replay_enabled");
+    direct_setter(st->set_grad_enabled, &st->set_grad_enabled_c, &st->set_grad_enabled_self);
+    direct_setter(st->set_view_replay_enabled, &st->set_view_replay_enabled_c,
+                  &st->set_view_replay_enabled_self);
     BIND(DisableAutocast, "torch._C", "_DisableAutocast");
     Py_XSETREF(st->DisableAutocast_enter,
                PyObject_GetAttr(st->DisableAutocast, st->str_enter));
@@ -269,7 +290,7 @@ rt_torch_bind(rt_state *st)
 #undef BIND
 
 #define STATE_FIELDS(X)                                                   \
-    X(RuntimeWrapperType) X(is_grad_enabled) X(set_grad_enabled)          \
+    X(RuntimeWrapperType) X(is_grad_enabled) X(set_grad_enabled) X(args_true) X(args_false)          \
     X(is_view_replay_enabled) X(set_view_replay_enabled) X(DisableAutocast) \
     X(DisableAutocast_enter) X(DisableAutocast_exit) X(Tensor) X(Parameter) \
     X(requires_grad_descr) X(increment_version) X(TensorAlias)            \
@@ -353,10 +374,34 @@ call_with_bool(PyObject *fn, int value)
 
 int rt_grad_enabled(rt_state *st) { return call_predicate(st->is_grad_enabled); }
 
+/* fn(value) through its C entry point when we have it (see torch_api.h). */
+static int
+call_setter(rt_state *st, PyObject *fn, PyCFunctionWithKeywords c, PyObject *self, int value)
+{
+    if (c == NULL) {
+        return call_with_bool(fn, value);
+    }
+    PyObject *r = c(self, value ? st->args_true : st->args_false, NULL);
+    /* what CPython's call path checks after a builtin returns */
+    if (r == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_SystemError, "grad-mode setter failed without an exception");
+        }
+        return -1;
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(r);
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
 int
 rt_set_grad_enabled(rt_state *st, int enabled)
 {
-    return call_with_bool(st->set_grad_enabled, enabled);
+    return call_setter(st, st->set_grad_enabled, st->set_grad_enabled_c,
+                       st->set_grad_enabled_self, enabled);
 }
 
 int rt_view_replay_enabled(rt_state *st) { return call_predicate(st->is_view_replay_enabled); }
@@ -364,7 +409,8 @@ int rt_view_replay_enabled(rt_state *st) { return call_predicate(st->is_view_rep
 int
 rt_set_view_replay_enabled(rt_state *st, int enabled)
 {
-    return call_with_bool(st->set_view_replay_enabled, enabled);
+    return call_setter(st, st->set_view_replay_enabled, st->set_view_replay_enabled_c,
+                       st->set_view_replay_enabled_self, enabled);
 }
 
 /* ---- context managers ------------------------------------------------ */

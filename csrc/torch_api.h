@@ -38,6 +38,16 @@ typedef struct rt_state {
     PyObject *set_grad_enabled;
     PyObject *is_view_replay_enabled;
     PyObject *set_view_replay_enabled;
+    /* The two setters are METH_VARARGS|METH_KEYWORDS builtins on the hot
+     * path of every call: we call their C function with prebuilt (True,) /
+     * (False,) tuples, skipping the per-call tuple CPython would build.
+     * NULL when a torch version defines them otherwise. */
+    PyCFunctionWithKeywords set_grad_enabled_c;
+    PyObject *set_grad_enabled_self;
+    PyCFunctionWithKeywords set_view_replay_enabled_c;
+    PyObject *set_view_replay_enabled_self;
+    PyObject *args_true;                  /* (True,) */
+    PyObject *args_false;                 /* (False,) */
     /* torch._C._DisableAutocast and its unbound __enter__/__exit__ */
     PyObject *DisableAutocast;
     PyObject *DisableAutocast_enter;
