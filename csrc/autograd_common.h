@@ -37,10 +37,6 @@ int rt_index_or_none(PyObject *v, const char *what, Py_ssize_t *out);
 int rt_parse_span(PyObject *kwargs, const char *key, Py_ssize_t span[2]);
 /* kwargs[key]: a new reference to a callable, or NULL for None (*err set on error) */
 PyObject *rt_callable_or_null(PyObject *kwargs, const char *key, int *err);
-/* normalize_as_list(out); steals out */
-PyObject *rt_as_list(PyObject *out);
-/* [with _DisableAutocast():] fn(list), normalised */
-PyObject *rt_call_boxed(rt_state *st, PyObject *fn, PyObject *list, bool disable_amp);
 /* setattr(obj, name, value); steals value, which may be NULL (error passed on) */
 int rt_set_attr(PyObject *obj, PyObject *name, PyObject *value);
 

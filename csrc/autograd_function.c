@@ -121,42 +121,6 @@ rt_callable_or_null(PyObject *kwargs, const char *key, int *err)
     return Py_NewRef(v);
 }
 
-/* list(x) normalisation of a compiled function's result
- * (_codegen_normalize_as_list / normalize_as_list). Steals `out`. */
-PyObject *
-rt_as_list(PyObject *out)
-{
-    if (out == NULL || PyList_Check(out)) {
-        return out;
-    }
-    if (PyTuple_Check(out)) {
-        Py_SETREF(out, PySequence_List(out));
-        return out;
-    }
-    PyObject *list = PyList_New(1);
-    if (list == NULL) {
-        Py_DECREF(out);
-        return NULL;
-    }
-    PyList_SET_ITEM(list, 0, out);
-    return list;
-}
-
-/* [with _DisableAutocast():] fn(list) -> list */
-PyObject *
-rt_call_boxed(rt_state *st, PyObject *fn, PyObject *list, bool disable_amp)
-{
-    PyObject *guard = NULL;
-    if (disable_amp && (guard = rt_disable_autocast_enter(st)) == NULL) {
-        return NULL;
-    }
-    PyObject *out = rt_as_list(PyObject_Vectorcall(fn, &list, 1, NULL));
-    if (guard != NULL && rt_disable_autocast_exit(st, guard, out == NULL) < 0) {
-        Py_CLEAR(out);
-    }
-    return out;
-}
-
 int
 rt_set_attr(PyObject *obj, PyObject *name, PyObject *value)
 {

@@ -127,33 +127,10 @@ call_compiled(RuntimeWrapper *self, PyObject *args, PyObject **range)
     if (rt_prologue_range_exit(st, range) < 0) {
         return NULL;
     }
-    PyObject *guard = NULL;
-    if (self->plan.disable_amp && (guard = rt_disable_autocast_enter(st)) == NULL) {
-        return NULL;
-    }
     /* steal_args: the compiled function owns the list and may clear it, so
      * that inputs die as early as the graph allows. We keep no extra
      * reference to them beyond the captured ones. */
-    PyObject *out = PyObject_Vectorcall(self->plan.compiled_fn, &args, 1, NULL);
-    if (out != NULL && !PyList_Check(out)) {
-        if (PyTuple_Check(out)) {
-            Py_SETREF(out, PySequence_List(out));
-        }
-        else {
-            PyObject *list = PyList_New(1);
-            if (list == NULL) {
-                Py_CLEAR(out);
-            }
-            else {
-                PyList_SET_ITEM(list, 0, out);
-                out = list;
-            }
-        }
-    }
-    if (guard != NULL && rt_disable_autocast_exit(st, guard, out == NULL) < 0) {
-        Py_CLEAR(out);
-    }
-    return out;
+    return rt_call_boxed(st, self->plan.compiled_fn, args, self->plan.disable_amp);
 }
 
 /* _RuntimeCompiledFnInvoker.run, trace_joint=False: grad off for the call. */

@@ -156,6 +156,14 @@ PyObject *rt_disable_autocast_enter(rt_state *st);
  * handed to __exit__ as a with-statement would, and kept). */
 int rt_disable_autocast_exit(rt_state *st, PyObject *guard, int failed);
 
+/* A compiled function's result as a list: normalize_as_list (a tuple
+ * becomes a list, anything else not a list is wrapped). Steals `out`, which
+ * may be NULL (an error passed on). */
+PyObject *rt_as_list(PyObject *out);
+/* [with _DisableAutocast():] fn(list), normalised: how every compiled
+ * graph (forward, backward, the runtime wrapper's callee) is called. */
+PyObject *rt_call_boxed(rt_state *st, PyObject *fn, PyObject *list, bool disable_amp);
+
 /* isinstance(obj, torch.Tensor): 1, 0, -1 */
 int rt_is_tensor(rt_state *st, PyObject *obj);
 /* self.<method>(*args): new reference. */
