@@ -54,12 +54,6 @@ typedef struct {
     PyObject *all_args;
 } BackwardThunk;
 
-static PyObject *
-call_noargs_checked(PyObject *fn)
-{
-    return PyObject_CallNoArgs(fn);
-}
-
 static int
 raise_runtime(const char *msg)
 {
@@ -132,7 +126,7 @@ backward_prologue(CompiledBackward *self, PyObject *saved, PyObject *symints,
                   PyObject *opaque, PyObject *grads)
 {
     rt_state *st = self->st;
-    PyObject *stack = call_noargs_checked(st->peek_interpreter_stack);
+    PyObject *stack = PyObject_CallNoArgs(st->peek_interpreter_stack);
     if (stack == NULL) {
         return NULL;
     }
@@ -145,9 +139,7 @@ backward_prologue(CompiledBackward *self, PyObject *saved, PyObject *symints,
         return NULL;
     }
     if (self->check_deterministic) {
-        PyObject *r = call_noargs_checked(st->deterministic_enabled);
-        int on = r ? PyObject_IsTrue(r) : -1;
-        Py_XDECREF(r);
+        int on = rt_call_predicate(st->deterministic_enabled);
         if (on != 0) {
             if (on > 0) {
                 raise_runtime("This compiled backward function is being run with "
@@ -226,9 +218,7 @@ backward_impl(CompiledBackward *self, PyObject *ctx, PyObject *all_args)
         return NULL;
     }
     Py_DECREF(r);
-    r = call_noargs_checked(st->keep_graph);
-    int keep_graph = r ? PyObject_IsTrue(r) : -1;
-    Py_XDECREF(r);
+    int keep_graph = rt_call_predicate(st->keep_graph);
     if (keep_graph < 0) {
         return NULL;
     }

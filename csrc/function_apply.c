@@ -36,12 +36,7 @@ FunctionApply_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
         return NULL;
     }
     PyObject *result = NULL;
-    int active = -1;
-    PyObject *r = PyObject_CallNoArgs(st->functorch_transforms_active);
-    if (r != NULL) {
-        active = PyObject_IsTrue(r);
-        Py_DECREF(r);
-    }
+    int active = rt_call_predicate(st->functorch_transforms_active);
     if (active < 0) {
         goto done;
     }

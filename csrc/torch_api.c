@@ -1,6 +1,8 @@
 /* torch_api.c: the one door to torch. See torch_api.h. */
 #include "torch_api.h"
 
+#include <string.h>
+
 static const char *const TENSOR_METHOD_NAMES[RT_N_TENSOR_METHODS] = {
     [RT_DETACH] = "detach",
     [RT_COPY_] = "copy_",
@@ -95,16 +97,20 @@ rt_state_init(rt_state *st)
 }
 #undef INTERN
 
-/* getattr(import_module(module), name), or NULL with the exception set. */
+/* import_module(module), then the attribute path `name` ("a.b.c") on it,
+ * or the module itself when name is NULL; NULL with the exception set. */
 static PyObject *
 lookup(const char *module, const char *name)
 {
-    PyObject *mod = PyImport_ImportModule(module);
-    if (mod == NULL) {
-        return NULL;
+    PyObject *obj = PyImport_ImportModule(module);
+    while (obj != NULL && name != NULL) {
+        const char *dot = strchr(name, '.');
+        PyObject *attr = dot ? PyUnicode_FromStringAndSize(name, dot - name)
+                             : PyUnicode_FromString(name);
+        Py_SETREF(obj, attr ? PyObject_GetAttr(obj, attr) : NULL);
+        Py_XDECREF(attr);
+        name = dot ? dot + 1 : NULL;
     }
-    PyObject *obj = name ? PyObject_GetAttrString(mod, name) : Py_NewRef(mod);
-    Py_DECREF(mod);
     return obj;
 }
 
@@ -149,12 +155,7 @@ bind_autograd(rt_state *st)
             return -1;
         }
     }
-    BIND(maybe_clear_saved_tensors, "torch._C", "_FunctionBase");
-    Py_SETREF(st->maybe_clear_saved_tensors,
-              PyObject_GetAttrString(st->maybe_clear_saved_tensors, "maybe_clear_saved_tensors"));
-    if (st->maybe_clear_saved_tensors == NULL) {
-        return -1;
-    }
+    BIND(maybe_clear_saved_tensors, "torch._C", "_FunctionBase.maybe_clear_saved_tensors");
     BIND(functorch_transforms_active, "torch._C", "_are_functorch_transforms_active");
     BIND(unwrap_if_dead, "torch._C._functorch", "unwrap_if_dead");
     BIND(peek_interpreter_stack, "torch._C._functorch", "peek_interpreter_stack");
@@ -166,23 +167,10 @@ bind_autograd(rt_state *st)
     BIND(SymInt, "torch", "SymInt");
     BIND(SymFloat, "torch", "SymFloat");
     /* torch.ops.aten is an attribute namespace, not an importable module */
-    BIND(unsafe_view, "torch", "ops");
-    Py_SETREF(st->unsafe_view, PyObject_GetAttrString(st->unsafe_view, "aten"));
-    if (st->unsafe_view == NULL) {
-        return -1;
-    }
-    Py_SETREF(st->unsafe_view, PyObject_GetAttrString(st->unsafe_view, "_unsafe_view"));
-    if (st->unsafe_view == NULL) {
-        return -1;
-    }
+    BIND(unsafe_view, "torch", "ops.aten._unsafe_view");
     BIND(partial, "functools", "partial");
     BIND(functorch_config, "torch._functorch.config", NULL);
-    BIND(process_runtime_tangent, RW, "AOTDispatchAutograd");
-    Py_SETREF(st->process_runtime_tangent,
-              PyObject_GetAttrString(st->process_runtime_tangent, "process_runtime_tangent"));
-    if (st->process_runtime_tangent == NULL) {
-        return -1;
-    }
+    BIND(process_runtime_tangent, RW, "AOTDispatchAutograd.process_runtime_tangent");
     BIND(coerce_memory_format, RW, "coerce_to_expected_memory_format");
     BIND(call_func_at_runtime, RW, "call_func_at_runtime_with_args");
     /* Opaque objects are recent; older torch has neither name. */
@@ -348,8 +336,8 @@ rt_state_clear(rt_state *st)
 
 /* ---- grad mode and view replay ------------------------------------- */
 
-static int
-call_predicate(PyObject *fn)
+int
+rt_call_predicate(PyObject *fn)
 {
     PyObject *r = PyObject_CallNoArgs(fn);
     if (r == NULL) {
@@ -372,7 +360,7 @@ call_with_bool(PyObject *fn, int value)
     return 0;
 }
 
-int rt_grad_enabled(rt_state *st) { return call_predicate(st->is_grad_enabled); }
+int rt_grad_enabled(rt_state *st) { return rt_call_predicate(st->is_grad_enabled); }
 
 /* fn(value) through its C entry point when we have it (see torch_api.h). */
 static int
@@ -404,7 +392,7 @@ rt_set_grad_enabled(rt_state *st, int enabled)
                        st->set_grad_enabled_self, enabled);
 }
 
-int rt_view_replay_enabled(rt_state *st) { return call_predicate(st->is_view_replay_enabled); }
+int rt_view_replay_enabled(rt_state *st) { return rt_call_predicate(st->is_view_replay_enabled); }
 
 int
 rt_set_view_replay_enabled(rt_state *st, int enabled)

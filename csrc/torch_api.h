@@ -142,6 +142,9 @@ int rt_torch_bind(rt_state *st);          /* torch look-ups: once, after torch i
 int rt_state_traverse(rt_state *st, visitproc visit, void *arg);
 void rt_state_clear(rt_state *st);
 
+/* bool(fn()): 1, 0, or -1 with an exception set */
+int rt_call_predicate(PyObject *fn);
+
 /* Grad mode: torch.is_grad_enabled() / torch._C._set_grad_enabled(b).
  * rt_grad_enabled returns 1, 0, or -1 with an exception set. */
 int rt_grad_enabled(rt_state *st);
