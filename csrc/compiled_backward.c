@@ -39,6 +39,8 @@ typedef struct {
     bool has_mutations_in_bw;
     bool inputs_require_grad;
     bool has_no_vc_check;
+    bool restore_external_objects; /* 2.14: ctx._external_objects -> registry */
+    bool copy_context;             /* 2.14: impl_fn runs in context.copy() */
     Py_ssize_t expected_grad_outs;
     Py_ssize_t num_backward_tokens;
     Py_ssize_t n_surviving;
@@ -204,6 +206,63 @@ fail:
     return NULL;
 }
 
+/* _backward_impl (2.14), just before the compiled backward runs:
+ *     for idx, obj in getattr(ctx, "_external_objects", {}).items():
+ *         index_to_external_object_weakref[idx] = weakref.ref(obj) */
+static int
+restore_external_objects(rt_state *st, PyObject *ctx)
+{
+    PyObject *saved = PyObject_GetAttr(ctx, st->str_external_objects);
+    if (saved == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            return -1;
+        }
+        PyErr_Clear(); /* the getattr default, {} */
+        return 0;
+    }
+    if (PyDict_CheckExact(saved) && PyDict_GET_SIZE(saved) == 0) {
+        Py_DECREF(saved);
+        return 0;
+    }
+    PyObject *items = PyObject_CallMethod(saved, "items", NULL);
+    Py_DECREF(saved);
+    PyObject *it = items ? PyObject_GetIter(items) : NULL;
+    Py_XDECREF(items);
+    if (it == NULL) {
+        return -1;
+    }
+    PyObject *item;
+    int rc = 0;
+    while (rc == 0 && (item = PyIter_Next(it)) != NULL) {
+        PyObject *pair = PySequence_Fast(item, "cannot unpack non-iterable object");
+        Py_DECREF(item);
+        if (pair == NULL) {
+            rc = -1;
+            break;
+        }
+        if (PySequence_Fast_GET_SIZE(pair) != 2) {
+            Py_ssize_t got = PySequence_Fast_GET_SIZE(pair);
+            if (got < 2) {
+                PyErr_Format(PyExc_ValueError,
+                             "not enough values to unpack (expected 2, got %zd)", got);
+            }
+            else {
+                PyErr_SetString(PyExc_ValueError, "too many values to unpack (expected 2)");
+            }
+            Py_DECREF(pair);
+            rc = -1;
+            break;
+        }
+        PyObject *ref = PyObject_CallOneArg(st->weakref_ref, PySequence_Fast_GET_ITEM(pair, 1));
+        rc = ref ? PyObject_SetItem(st->external_objects, PySequence_Fast_GET_ITEM(pair, 0), ref)
+                 : -1;
+        Py_XDECREF(ref);
+        Py_DECREF(pair);
+    }
+    Py_DECREF(it);
+    return rc == 0 && PyErr_Occurred() ? -1 : rc;
+}
+
 /* CompiledFunction._backward_impl + the generated _backward_epilogue. */
 static PyObject *
 backward_impl(CompiledBackward *self, PyObject *ctx, PyObject *all_args)
@@ -280,6 +339,9 @@ backward_impl(CompiledBackward *self, PyObject *ctx, PyObject *all_args)
         if (on < 0) {
             return NULL;
         }
+    }
+    if (self->restore_external_objects && restore_external_objects(st, ctx) < 0) {
+        return NULL;
     }
     PyObject *compiled_bw = Py_NewRef(self->compiled_bw);
     PyObject *out;
@@ -380,6 +442,13 @@ CompiledBackward_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
         }
         if (cc == Py_None) {
             Py_CLEAR(cc);
+        }
+        else if (self->copy_context) {
+            /* functools.partial(_cc.copy().run, impl_fn) */
+            Py_SETREF(cc, PyObject_CallMethodNoArgs(cc, st->str_copy));
+            if (cc == NULL) {
+                goto done;
+            }
         }
     }
     int grad = rt_grad_enabled(st);
@@ -508,7 +577,7 @@ CompiledBackward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     int err = 0;
     PyObject *v;
-    bool b[7];
+    bool b[8];
     if ((self->upstream = rt_callable_or_null(kwargs, "upstream", &err)) == NULL) {
         if (!err) {
             PyErr_SetString(PyExc_ValueError, "plan: upstream must be callable");
@@ -541,6 +610,8 @@ CompiledBackward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         rt_plan_bool(kwargs, "has_mutations_in_bw", &b[3]) < 0 ||
         rt_plan_bool(kwargs, "inputs_require_grad", &b[4]) < 0 ||
         rt_plan_bool(kwargs, "has_no_vc_check", &b[5]) < 0 ||
+        rt_plan_bool(kwargs, "restore_external_objects", &b[6]) < 0 ||
+        rt_plan_bool(kwargs, "copy_context", &b[7]) < 0 ||
         (v = rt_plan_required(kwargs, "expected_grad_outs")) == NULL ||
         rt_index_or_none(v, "expected_grad_outs", &self->expected_grad_outs) < 0 ||
         (v = rt_plan_required(kwargs, "num_backward_tokens")) == NULL ||
@@ -554,6 +625,13 @@ CompiledBackward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->has_mutations_in_bw = b[3];
     self->inputs_require_grad = b[4];
     self->has_no_vc_check = b[5];
+    self->restore_external_objects = b[6];
+    self->copy_context = b[7];
+    if (self->restore_external_objects && self->st->external_objects == NULL) {
+        PyErr_SetString(PyExc_ValueError,
+                        "plan: restore_external_objects on a torch bound without the registry");
+        goto fail;
+    }
     if (self->expected_grad_outs < 0 || self->num_backward_tokens < 0) {
         PyErr_SetString(PyExc_ValueError, "plan: grad counts must be ints");
         goto fail;

@@ -16,6 +16,11 @@ typedef struct {
     bool disable_amp;
     Py_ssize_t num_forward_returns;
     Py_ssize_t saved_vc[2], saved_no_vc[2], saved_symints[2], saved_opaque[2];
+    /* saved_tensor_is_graph_input (releases that keep saved graph inputs
+     * undetached), or NULL: every saved view is detached. */
+    bool *saved_is_graph_input;
+    Py_ssize_t n_saved_is_graph_input;
+    bool snapshot_external_objects;
     Py_ssize_t n_dynamic;
     Py_ssize_t *dynamic_idx;
     PyObject **dynamic_dims;
@@ -41,27 +46,36 @@ raise_types(const char *what, const char *kind, PyObject *items)
     Py_DECREF(types);
 }
 
-/* [x.detach() if x._is_view() else x for x in tensors], checking they are
- * tensors first (_AutogradSavedState.save_from_forward). */
+/* See Note [Detaching saved tensors in AOTAutograd] upstream
+ * (_AutogradSavedState.save_from_forward). Without a graph-input mask:
+ *     [x.detach() if x._is_view() else x for x in tensors]
+ * with one (2.14), where `offset` places `tensors` among all saved tensors:
+ *     [x if is_graph_input[offset + i] or not x._is_view() else x.detach()
+ *      for i, x in enumerate(tensors)]
+ * which raises IndexError when the graph saved more tensors than the
+ * metadata lists (a compiled forward returning too many outputs). */
 static PyObject *
-detach_views(rt_state *st, PyObject *tensors, const char *what)
+detach_saved_views(CompiledForward *self, PyObject *tensors, Py_ssize_t offset)
 {
+    rt_state *st = self->st;
     Py_ssize_t n = PyList_GET_SIZE(tensors);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int ok = rt_is_tensor(st, PyList_GET_ITEM(tensors, i));
-        if (ok <= 0) {
-            if (ok == 0) {
-                raise_types(what, "Tensors", tensors);
-            }
-            return NULL;
-        }
-    }
     PyObject *out = PyList_New(n);
     if (out == NULL) {
         return NULL;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *x = PyList_GET_ITEM(tensors, i);
+        if (self->saved_is_graph_input != NULL) {
+            if (offset + i >= self->n_saved_is_graph_input) {
+                PyErr_SetString(PyExc_IndexError, "list index out of range");
+                Py_DECREF(out);
+                return NULL;
+            }
+            if (self->saved_is_graph_input[offset + i]) {
+                PyList_SET_ITEM(out, i, Py_NewRef(x));
+                continue;
+            }
+        }
         PyObject *is_view = rt_tensor_call(st, RT_IS_VIEW, x, NULL, 0);
         int v = is_view ? PyObject_IsTrue(is_view) : -1;
         Py_XDECREF(is_view);
@@ -110,9 +124,8 @@ save_from_forward(CompiledForward *self, PyObject *ctx, PyObject *fw_outs)
             }
         }
     }
-    /* See Note [Detaching saved tensors in AOTAutograd] upstream. */
-    if ((to_save = detach_views(st, vc, "tensors_saved_with_vc_check")) == NULL ||
-        (no_vc_saved = detach_views(st, no_vc, "tensors_saved_no_vc_check")) == NULL) {
+    if ((to_save = detach_saved_views(self, vc, 0)) == NULL ||
+        (no_vc_saved = detach_saved_views(self, no_vc, PyList_GET_SIZE(vc))) == NULL) {
         goto done;
     }
     Py_ssize_t num_vc = PyList_GET_SIZE(to_save);
@@ -155,15 +168,14 @@ save_from_forward(CompiledForward *self, PyObject *ctx, PyObject *fw_outs)
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(opaque); i++) {
         PyObject *x = PyList_GET_ITEM(opaque, i);
-        int ok = 0;
-        if (st->is_opaque_type != Py_None) {
-            PyObject *tp = (PyObject *)Py_TYPE(x);
-            PyObject *r = PyObject_Vectorcall(st->is_opaque_type, &tp, 1, NULL);
-            ok = r ? PyObject_IsTrue(r) : -1;
-            Py_XDECREF(r);
-            if (ok == 0) {
-                ok = PyObject_IsInstance(x, st->OpaqueBase);
-            }
+        /* is_opaque_type(type(obj)) or isinstance(obj, OpaqueBase), under
+         * the release's names */
+        PyObject *tp = (PyObject *)Py_TYPE(x);
+        PyObject *r = PyObject_Vectorcall(st->is_opaque_type, &tp, 1, NULL);
+        int ok = r ? PyObject_IsTrue(r) : -1;
+        Py_XDECREF(r);
+        if (ok == 0) {
+            ok = PyObject_IsInstance(x, st->OpaqueBase);
         }
         if (ok <= 0) {
             if (ok == 0) {
@@ -218,6 +230,45 @@ rewrite_returns(rt_state *st, PyObject *raw, const index_array *where, int unsaf
     return 0;
 }
 
+/* _snapshot_external_objects(ctx) (2.14):
+ *     ctx._external_objects = {k: ref() for k, ref in
+ *                              index_to_external_object_weakref.items()
+ *                              if ref() is not None}
+ * ref() is called twice, as there; the registry is usually empty. */
+static int
+snapshot_external_objects(rt_state *st, PyObject *ctx)
+{
+    PyObject *registry = st->external_objects;
+    PyObject *snapshot = PyDict_New();
+    if (snapshot == NULL) {
+        return -1;
+    }
+    Py_ssize_t pos = 0, size = PyDict_GET_SIZE(registry);
+    PyObject *key, *ref;
+    while (PyDict_Next(registry, &pos, &key, &ref)) {
+        Py_INCREF(key);
+        Py_INCREF(ref);
+        PyObject *obj = PyObject_CallNoArgs(ref);
+        int ok = obj != NULL;
+        if (obj != NULL && obj != Py_None) {
+            Py_SETREF(obj, PyObject_CallNoArgs(ref));
+            ok = obj != NULL && PyDict_SetItem(snapshot, key, obj) == 0;
+        }
+        Py_XDECREF(obj);
+        Py_DECREF(key);
+        Py_DECREF(ref);
+        if (ok && PyDict_GET_SIZE(registry) != size) {
+            PyErr_SetString(PyExc_RuntimeError, "dictionary changed size during iteration");
+            ok = 0;
+        }
+        if (!ok) {
+            Py_DECREF(snapshot);
+            return -1;
+        }
+    }
+    return rt_set_attr(ctx, st->str_external_objects, snapshot);
+}
+
 /* The generated _AutogradForwardEpilogue.finalize. */
 static PyObject *
 finalize_forward(CompiledForward *self, PyObject *ctx, PyObject *fw_outs)
@@ -260,7 +311,8 @@ finalize_forward(CompiledForward *self, PyObject *ctx, PyObject *fw_outs)
     }
     /* ctx.mark_non_differentiable(*non_diff) is `ctx.non_differentiable = args` */
     if (rt_set_attr(ctx, st->str_non_differentiable, non_diff) < 0 ||
-        PyObject_SetAttr(ctx, st->str_materialize_non_diff_grads, Py_False) < 0) {
+        PyObject_SetAttr(ctx, st->str_materialize_non_diff_grads, Py_False) < 0 ||
+        (self->snapshot_external_objects && snapshot_external_objects(st, ctx) < 0)) {
         goto fail;
     }
     PyObject *result = PyList_AsTuple(raw);
@@ -398,6 +450,42 @@ CompiledForward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         goto fail;
     }
     self->disable_amp = disable_amp;
+    bool snapshot;
+    if (rt_plan_bool(kwargs, "snapshot_external_objects", &snapshot) < 0) {
+        goto fail;
+    }
+    if (snapshot && self->st->external_objects == NULL) {
+        PyErr_SetString(PyExc_ValueError,
+                        "plan: snapshot_external_objects on a torch bound without the registry");
+        goto fail;
+    }
+    self->snapshot_external_objects = snapshot;
+    if ((v = rt_plan_required(kwargs, "saved_is_graph_input")) == NULL) {
+        goto fail;
+    }
+    if (v != Py_None) {
+        if (!PyTuple_Check(v)) {
+            PyErr_SetString(PyExc_ValueError,
+                            "plan: saved_is_graph_input must be None or a tuple of bools");
+            goto fail;
+        }
+        Py_ssize_t n = PyTuple_GET_SIZE(v);
+        self->saved_is_graph_input = PyMem_Calloc(n ? n : 1, sizeof(bool));
+        if (self->saved_is_graph_input == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *b = PyTuple_GET_ITEM(v, i);
+            if (!PyBool_Check(b)) {
+                PyErr_SetString(PyExc_ValueError,
+                                "plan: saved_is_graph_input must be None or a tuple of bools");
+                goto fail;
+            }
+            self->saved_is_graph_input[i] = b == Py_True;
+        }
+        self->n_saved_is_graph_input = n;
+    }
     if (self->num_forward_returns < 0) {
         PyErr_SetString(PyExc_ValueError, "plan: num_forward_returns must be an int");
         goto fail;
@@ -469,6 +557,7 @@ CompiledForward_clear(CompiledForward *self)
 static void
 CompiledForward_free_arrays(CompiledForward *self)
 {
+    PyMem_Free(self->saved_is_graph_input);
     PyMem_Free(self->dynamic_idx);
     PyMem_Free(self->dynamic_dims);
     PyMem_Free(self->metadata_wraps.idx);

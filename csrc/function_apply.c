@@ -6,17 +6,20 @@
 /* ======================================================================
  * FunctionApply: `CompiledFunction.apply`, boxed.
  *
- * Function.apply (torch/autograd/function.py) does, for a class without
- * setup_context: if no functorch transform is active, unwrap dead functorch
- * wrappers among the tensor args and call _FunctionBase.apply; else go
- * through custom_function_call. We do the first directly, with the same
- * unwrap_if_dead per tensor, and hand the second to upstream's Python.
+ * Where Function.apply is a Python classmethod (2.13), it does, for a class
+ * without setup_context: if no functorch transform is active, unwrap dead
+ * functorch wrappers among the tensor args and call _FunctionBase.apply;
+ * else go through custom_function_call. We do the first directly, with the
+ * same unwrap_if_dead per tensor, and hand the second to upstream's Python.
+ * Where Function.apply is _FunctionBase.apply itself (2.14: that logic is in
+ * C++), we call it, which is exactly what upstream calls.
  * ====================================================================== */
 
 typedef struct {
     RT_FN_HEAD
     PyObject *apply_base;    /* _FunctionBase.apply bound to the class */
     PyObject *apply_python;  /* CompiledFunction.apply: Function.apply */
+    bool apply_is_base;      /* the two are the same function */
 } FunctionApply;
 
 static PyObject *
@@ -36,6 +39,10 @@ FunctionApply_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
         return NULL;
     }
     PyObject *result = NULL;
+    if (self->apply_is_base) {
+        result = PyObject_Call(self->apply_base, args, NULL);
+        goto done;
+    }
     int active = rt_call_predicate(st->functorch_transforms_active);
     if (active < 0) {
         goto done;
@@ -81,12 +88,11 @@ done:
 static PyObject *
 FunctionApply_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
+    static char *keywords[] = {"", "apply_is_base", NULL};
     PyObject *cls;
-    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0) {
-        PyErr_SetString(PyExc_TypeError, "FunctionApply() takes no keyword arguments");
-        return NULL;
-    }
-    if (!PyArg_ParseTuple(args, "O:FunctionApply", &cls)) {
+    int apply_is_base;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O$p:FunctionApply", keywords, &cls,
+                                     &apply_is_base)) {
         return NULL;
     }
     FunctionApply *self = (FunctionApply *)rt_fn_alloc(type, FunctionApply_vectorcall);
@@ -112,6 +118,7 @@ FunctionApply_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         Py_DECREF(self);
         return NULL;
     }
+    self->apply_is_base = apply_is_base;
     return (PyObject *)self;
 }
 
@@ -138,4 +145,5 @@ FunctionApply_clear(FunctionApply *self)
 DEFINE_DEALLOC(FunctionApply, (void)0)
 FN_MEMBERS(FunctionApply)
 FN_SPEC(FunctionApply,
-        "FunctionApply(cls): CompiledFunction.apply, boxed (called with the args list).")
+        "FunctionApply(cls, *, apply_is_base): CompiledFunction.apply, boxed (called with "
+        "the args list).")

@@ -10,17 +10,26 @@
 #include "torch_api.h"
 
 static PyObject *
-bind_torch(PyObject *module, PyObject *Py_UNUSED(ignored))
+bind_torch(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    if (rt_torch_bind(PyModule_GetState(module)) < 0) {
+    static char *keywords[] = {"opaque_type_check", "opaque_base", "external_objects", NULL};
+    rt_release_names names = {NULL, NULL, NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$ssz:_bind_torch", keywords,
+                                     &names.opaque_type_check, &names.opaque_base,
+                                     &names.external_objects)) {
+        return NULL;
+    }
+    if (rt_torch_bind(PyModule_GetState(module), &names) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
 }
 
 static PyMethodDef module_methods[] = {
-    {"_bind_torch", bind_torch, METH_NOARGS,
-     PyDoc_STR("Look up the torch callables the C runtime uses (once per process).")},
+    {"_bind_torch", (PyCFunction)(void (*)(void))bind_torch, METH_VARARGS | METH_KEYWORDS,
+     PyDoc_STR("_bind_torch(*, opaque_type_check, opaque_base, external_objects)\n"
+               "Look up the torch callables the C runtime uses (once per process), "
+               "with the names the installed release gives what changed.")},
     {NULL, NULL, 0, NULL},
 };
 

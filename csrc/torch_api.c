@@ -64,6 +64,8 @@ rt_state_init(rt_state *st)
     INTERN(str_compiled_bw, "compiled_bw");
     INTERN(str_bw_donated_idxs, "bw_donated_idxs");
     INTERN(str_donated_buffer, "donated_buffer");
+    INTERN(str_external_objects, "_external_objects");
+    INTERN(str_copy, "copy");
     if ((st->kwnames_use_once = Py_BuildValue("(s)", "saved_tensors_use_once")) == NULL ||
         (st->kwnames_memory_format = Py_BuildValue("(s)", "memory_format")) == NULL ||
         (st->kwnames_steal_disable_amp = Py_BuildValue("(ss)", "steal_args", "disable_amp")) == NULL) {
@@ -139,7 +141,7 @@ bind_type(PyTypeObject **field, const char *module, const char *name)
 
 /* The callables CompiledFunction's forward and backward use. */
 static int
-bind_autograd(rt_state *st)
+bind_autograd(rt_state *st, const rt_release_names *names)
 {
     const char *RW = "torch._functorch._aot_autograd.runtime_wrappers";
     BIND(FunctionBase, "torch._C", "_FunctionBase");
@@ -173,16 +175,19 @@ bind_autograd(rt_state *st)
     BIND(process_runtime_tangent, RW, "AOTDispatchAutograd.process_runtime_tangent");
     BIND(coerce_memory_format, RW, "coerce_to_expected_memory_format");
     BIND(call_func_at_runtime, RW, "call_func_at_runtime_with_args");
-    /* Opaque objects are recent; older torch has neither name. */
-    Py_XSETREF(st->is_opaque_type, lookup(RW, "is_opaque_type"));
-    Py_XSETREF(st->OpaqueBase, st->is_opaque_type ? lookup(RW, "OpaqueBase") : NULL);
-    if (st->OpaqueBase == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+    /* Required on every verified release: a missing name is a torch we
+     * were not verified against, never "no opaque objects". */
+    BIND(is_opaque_type, RW, names->opaque_type_check);
+    BIND(OpaqueBase, RW, names->opaque_base);
+    BIND(weakref_ref, "weakref", "ref");
+    Py_CLEAR(st->external_objects);
+    if (names->external_objects != NULL) {
+        BIND(external_objects, RW, names->external_objects);
+        if (!PyDict_CheckExact(st->external_objects)) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a dict", RW, names->external_objects);
+            Py_CLEAR(st->external_objects);
             return -1;
         }
-        PyErr_Clear();
-        Py_XSETREF(st->is_opaque_type, Py_NewRef(Py_None));
-        Py_XSETREF(st->OpaqueBase, Py_NewRef(Py_None));
     }
     return 0;
 }
@@ -202,7 +207,7 @@ direct_setter(PyObject *fn, PyCFunctionWithKeywords *c, PyObject **self)
 }
 
 int
-rt_torch_bind(rt_state *st)
+rt_torch_bind(rt_state *st, const rt_release_names *names)
 {
     if (st->bound) {
         return 0;
@@ -269,7 +274,7 @@ rt_torch_bind(rt_state *st)
          "_saved_tensors_hooks_get_disabled_error_message");
     BIND(saved_hooks_disable, "torch._C._autograd", "_saved_tensors_hooks_disable");
     BIND(saved_hooks_enable, "torch._C._autograd", "_saved_tensors_hooks_enable");
-    if (bind_autograd(st) < 0) {
+    if (bind_autograd(st, names) < 0) {
         return -1;
     }
     st->bound = 1;
@@ -297,7 +302,8 @@ rt_torch_bind(rt_state *st)
     X(get_obj_in_tls) X(keep_graph) X(BackwardState) X(SymInt) X(SymFloat) \
     X(unsafe_view) X(partial) X(functorch_config)                         \
     X(process_runtime_tangent) X(coerce_memory_format)                    \
-    X(call_func_at_runtime) X(is_opaque_type) X(OpaqueBase) X(str_to_save) \
+    X(call_func_at_runtime) X(is_opaque_type) X(OpaqueBase) X(external_objects) X(weakref_ref) \
+    X(str_external_objects) X(str_copy) X(str_to_save) \
     X(str_non_differentiable) X(str_materialize_non_diff_grads)           \
     X(str_tensors_no_vc_check) X(str_symints) X(str_opaque_objects)       \
     X(str_saved_tensors) X(str_backward_state) X(str_shape)               \

@@ -99,8 +99,16 @@ typedef struct rt_state {
     PyObject *process_runtime_tangent;    /* AOTDispatchAutograd.process_runtime_tangent */
     PyObject *coerce_memory_format;       /* coerce_to_expected_memory_format */
     PyObject *call_func_at_runtime;       /* call_func_at_runtime_with_args */
-    PyObject *is_opaque_type;             /* None where torch has no opaque objects */
+    /* The release's saved opaque-object check (runtime_wrappers globals
+     * named by the release table: is_opaque_type/OpaqueBase in 2.13,
+     * is_custom_class/CustomClassBase in 2.14). */
+    PyObject *is_opaque_type;
     PyObject *OpaqueBase;
+    /* Dynamo's external-object registry (graph_bytecode_inputs
+     * .index_to_external_object_weakref, as runtime_wrappers imports it);
+     * NULL on releases that do not snapshot it. */
+    PyObject *external_objects;
+    PyObject *weakref_ref;                /* weakref.ref */
 
     /* interned names and prebuilt constants */
     PyObject *str_to_save;
@@ -121,6 +129,8 @@ typedef struct rt_state {
     PyObject *str_compiled_bw;
     PyObject *str_bw_donated_idxs;
     PyObject *str_donated_buffer;
+    PyObject *str_external_objects;       /* _external_objects */
+    PyObject *str_copy;
     PyObject *kwnames_use_once;           /* ("saved_tensors_use_once",) */
     PyObject *kwnames_memory_format;      /* ("memory_format",) */
     PyObject *kwnames_steal_disable_amp;  /* ("steal_args", "disable_amp") */
@@ -138,7 +148,16 @@ typedef struct rt_state {
 } rt_state;
 
 int rt_state_init(rt_state *st);          /* interned names: at module exec */
-int rt_torch_bind(rt_state *st);          /* torch look-ups: once, after torch imports */
+/* The names a release gives what changed between releases (from the
+ * shim's release table, torch_aot_rt/_versions.py). */
+typedef struct {
+    const char *opaque_type_check;        /* runtime_wrappers global */
+    const char *opaque_base;              /* runtime_wrappers global */
+    const char *external_objects;         /* runtime_wrappers global, or NULL */
+} rt_release_names;
+
+/* torch look-ups: once, after torch imports */
+int rt_torch_bind(rt_state *st, const rt_release_names *names);
 int rt_state_traverse(rt_state *st, visitproc visit, void *arg);
 void rt_state_clear(rt_state *st);
 

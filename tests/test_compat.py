@@ -1,7 +1,9 @@
-"""Torch-version robustness: when internals we bind differ (as on older torch),
-`import torch_aot_rt` still works and every compile falls back to upstream with
-a reason in stats(), giving upstream's results. Simulated in a subprocess by
-removing the internal before the import."""
+"""Torch-version robustness: on a torch outside the verified list, or one whose
+internals differ from its release entry, `import torch_aot_rt` still works and
+every compile falls back to upstream with a reason in stats(), giving
+upstream's results; TORCH_AOT_RT_UNVERIFIED=1 opts back in. Simulated in a
+subprocess by faking the version string or removing an internal before the
+import."""
 
 import json
 import os
@@ -40,8 +42,13 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def run(remove: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TORCH_AOT_RT"}
+def run(remove: str, **extra_env) -> dict:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TORCH_AOT_RT", "TORCH_AOT_RT_UNVERIFIED")
+    }
+    env.update(extra_env)
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT.format(remove=remove)],
         capture_output=True, text=True, timeout=300, env=env,
@@ -89,9 +96,94 @@ def test_changed_compiled_function_internals_keep_c_runtime_wrapper():
     assert reason.startswith("CompiledFunction: torch internals differ"), reason
 
 
-def test_missing_first_invocation_context_still_c():
-    # Older torch has no first-call custom-op aliasing check; neither do we then.
+def test_missing_first_invocation_context_falls_back():
+    # Every verified release has the first-call custom-op aliasing check.
     result = run("del rw._FirstInvocationContext")
     assert result["same"]
-    assert result["stats"]["runtime_wrappers"] == 1
-    assert result["stats"]["fallbacks"] == 0
+    stats = result["stats"]
+    assert stats["runtime_wrappers"] == 0 and stats["autograd_functions"] == 0
+    assert all("_FirstInvocationContext" in r for r in stats["fallback_reasons"]), stats
+
+
+def test_release_entry_contradicted_falls_back():
+    # A torch claiming a verified version whose Function.apply is not what
+    # that release's entry says: not the source we verified.
+    import torch
+    from torch_aot_rt import _versions
+
+    rel = _versions.resolve(str(torch.__version__)).release
+    if rel is None:
+        pytest.skip(f"torch {torch.__version__} is not a verified release")
+    other = "2.13.0" if rel.function_apply_is_base else "2.14.1"
+    result = run(f"torch.__version__ = {other!r}")
+    assert result["same"]
+    stats = result["stats"]
+    assert stats["runtime_wrappers"] == 0 and stats["autograd_functions"] == 0
+    assert all("torch internals differ" in r for r in stats["fallback_reasons"]), stats
+
+
+UNVERIFIED = ["2.12.0", "2.15.0", "2.14.0a0+git1234567", "3.0.0", "not-a-version"]
+
+
+@pytest.mark.parametrize("version", UNVERIFIED)
+def test_unverified_version_falls_back(version):
+    result = run(f"torch.__version__ = {version!r}")
+    assert result["same"]
+    stats = result["stats"]
+    assert stats["runtime_wrappers"] == 0 and stats["autograd_functions"] == 0
+    assert stats["fallback_reasons"] == {
+        f"torch {version} is not a verified version": 2
+    }, stats
+    assert stats["torch"] == {"version": version, "release": None, "unverified_opt_in": False}
+
+
+@pytest.mark.parametrize("version", ["2.15.0", "2.14.0a0+git1234567"])
+def test_unverified_opt_in(version):
+    # Semantics of the nearest entry not newer than the version: the installed
+    # release's for these, so the results are exact.
+    import torch
+
+    installed = _series(str(torch.__version__))
+    if installed != (2, 14):
+        pytest.skip("the opt-in maps these versions onto 2.14's semantics")
+    result = run(f"torch.__version__ = {version!r}", TORCH_AOT_RT_UNVERIFIED="1")
+    assert result["same"]
+    stats = result["stats"]
+    assert stats["runtime_wrappers"] == 1 and stats["autograd_functions"] == 1
+    assert stats["fallbacks"] == 0, stats
+    assert stats["torch"] == {"version": version, "release": "2.14", "unverified_opt_in": True}
+
+
+def test_verified_version_reports_release():
+    import torch
+
+    result = run("")
+    assert result["stats"]["torch"] == {
+        "version": str(torch.__version__),
+        "release": "%d.%d" % _series(str(torch.__version__)),
+        "unverified_opt_in": False,
+    }
+    # the opt-in changes nothing on a verified release
+    opted = run("", TORCH_AOT_RT_UNVERIFIED="1")
+    assert opted["stats"]["torch"]["unverified_opt_in"] is False
+    assert opted["stats"]["runtime_wrappers"] == 1
+
+
+def _series(version: str) -> tuple:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def test_resolve_table():
+    from torch_aot_rt import _versions
+
+    names = [r.name for r in _versions.VERIFIED]
+    assert names == ["2.13", "2.14"]
+    for v, want in [("2.13.0", "2.13"), ("2.13.5+cpu", "2.13"), ("2.14.1+cu130", "2.14"),
+                    ("2.14.0", "2.14")]:
+        gate = _versions.resolve(v)
+        assert gate.verified and gate.release.name == want and gate.reason is None
+    for v in UNVERIFIED + ["2.13", "2.13.0rc1", "2.14.1.post1"]:
+        gate = _versions.resolve(v)
+        assert not gate.verified and gate.release is None
+        assert gate.reason == f"torch {v} is not a verified version"

@@ -112,12 +112,18 @@ def test_stats_snapshot_and_reset():
     snap["fallback_reasons"]["x"] = 1
     assert torch_aot_rt.stats()["runtime_wrappers"] >= 1
     assert "x" not in torch_aot_rt.stats()["fallback_reasons"]
+    snap["torch"]["release"] = "x"
+    assert torch_aot_rt.stats()["torch"]["release"] != "x"
     torch_aot_rt.reset_stats()
+    # the counters reset; "torch" (what the gate decided at install) does not
+    expected_torch = dict(version=str(torch.__version__), unverified_opt_in=False)
+    expected_torch["release"] = "%d.%d" % tuple(int(p) for p in torch.__version__.split(".")[:2])
     assert torch_aot_rt.stats() == {
         "runtime_wrappers": 0,
         "autograd_functions": 0,
         "fallbacks": 0,
         "fallback_reasons": {},
+        "torch": expected_torch,
     }
     _compile_and_call()
     assert torch_aot_rt.stats()["runtime_wrappers"] == 1

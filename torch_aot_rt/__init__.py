@@ -5,6 +5,10 @@
 C runtime wrapper. ``TORCH_AOT_RT=0`` in the environment makes the import change
 nothing. What the C path does not support runs upstream's own code, counted in
 :func:`stats` with a reason.
+
+The C path runs only on the torch releases it was verified against
+(``_versions.VERIFIED``); on any other, every compile falls back, unless
+``TORCH_AOT_RT_UNVERIFIED=1`` opts in at the user's own risk.
 """
 
 from __future__ import annotations
@@ -79,11 +83,22 @@ def stats() -> dict:
 
     ``runtime_wrappers``: C runtime wrappers built; ``autograd_functions``: C
     CompiledFunction classes built; ``fallbacks``: builds that went to upstream,
-    with ``fallback_reasons`` mapping each reason to its count.
+    with ``fallback_reasons`` mapping each reason to its count. ``torch``: the
+    installed version, the verified release whose semantics the C path uses
+    (None: every compile falls back), and whether that is by the
+    ``TORCH_AOT_RT_UNVERIFIED=1`` opt-in (None before the C path is enabled).
     """
+    from . import _patch
+
+    gate = _patch.gate()
     with _lock:
         out = dict(_counters)
         out["fallback_reasons"] = dict(_counters["fallback_reasons"])
+    out["torch"] = {
+        "version": gate.torch_version if gate else None,
+        "release": gate.release.name if gate and gate.release else None,
+        "unverified_opt_in": gate.unverified_opt_in if gate else None,
+    }
     return out
 
 

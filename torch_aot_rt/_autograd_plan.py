@@ -36,7 +36,7 @@ def _span(s) -> tuple:
     return (s.start, s.stop)
 
 
-def _forward_plan(cls, spec, rng_state) -> dict:
+def _forward_plan(cls, spec, rng_state, release) -> dict:
     from torch._functorch._aot_autograd.schemas import MutationType
 
     meta = spec.fw_metadata
@@ -63,6 +63,9 @@ def _forward_plan(cls, spec, rng_state) -> dict:
     dynamic_saved = tuple(
         (int(idx), dims) for idx, dims in meta.dynamic_saved_tensors_idxs.items()
     )
+    saved_is_graph_input = None
+    if release.keeps_saved_graph_inputs:
+        saved_is_graph_input = tuple(bool(b) for b in meta.saved_tensor_is_graph_input)
     return dict(
         compiled_fw=cls.compiled_fw,
         rng_add_forward_args=rng_state.add_forward_args if rng_state.num_rng > 0 else None,
@@ -76,6 +79,8 @@ def _forward_plan(cls, spec, rng_state) -> dict:
         saved_symints=_span(meta.symints_saved_for_backwards_slice),
         saved_opaque=_span(meta.opaque_objects_saved_for_backwards_slice),
         dynamic_saved=dynamic_saved,
+        saved_is_graph_input=saved_is_graph_input,
+        snapshot_external_objects=release.snapshots_external_objects,
         metadata_mutation_wraps=metadata_wraps,
         unsafe_view_outputs=unsafe_views,
         aliased_outputs=aliased,
@@ -105,7 +110,7 @@ def _tangent_plan(tangent_meta, desc, stack_trace) -> tuple:
     )
 
 
-def _backward_plan(cls, spec, rng_state, backward_compiler) -> dict:
+def _backward_plan(cls, spec, rng_state, backward_compiler, release) -> dict:
     import torch
     from torch._functorch._aot_autograd.schemas import OutputType
 
@@ -152,6 +157,8 @@ def _backward_plan(cls, spec, rng_state, backward_compiler) -> dict:
         ),
         inputs_require_grad=any(inp.requires_grad for inp in meta.input_info),
         has_no_vc_check=bool(meta.num_tensors_saved_with_no_vc_check),
+        restore_external_objects=release.snapshots_external_objects,
+        copy_context=release.copies_backward_context,
         expected_grad_outs=expected,
         num_backward_tokens=meta.num_backward_tokens,
         surviving=tuple(surviving),
@@ -159,7 +166,7 @@ def _backward_plan(cls, spec, rng_state, backward_compiler) -> dict:
     )
 
 
-def install_c_function(cls, spec):
+def install_c_function(cls, spec, release):
     """Give ``cls`` C forward/backward; return the C boxed ``apply``.
 
     Raises :class:`Unsupported` before touching ``cls`` when the C path does
@@ -185,13 +192,13 @@ def install_c_function(cls, spec):
         rng_state = fwd_vars["rng_state"]
         backward_compiler = impl_vars["backward_compiler"]
         forward = _C.CompiledForward(
-            upstream=upstream_forward, **_forward_plan(cls, spec, rng_state)
+            upstream=upstream_forward, **_forward_plan(cls, spec, rng_state, release)
         )
         backward = _C.CompiledBackward(
             upstream=upstream_backward,
-            **_backward_plan(cls, spec, rng_state, backward_compiler),
+            **_backward_plan(cls, spec, rng_state, backward_compiler, release),
         )
-        apply = _C.FunctionApply(cls)
+        apply = _C.FunctionApply(cls, apply_is_base=release.function_apply_is_base)
     except (AttributeError, KeyError) as e:
         raise Unsupported(f"CompiledFunction: torch internals differ: {e!r}") from None
     # Function-like identity (name, qualname, signature via __wrapped__) of the
@@ -217,18 +224,22 @@ def build_autograd_post_compile(upstream_post_compile, spec):
     import torch._functorch._aot_autograd.runtime_wrappers as rw
 
     from . import _count_built, _count_fallback, _patch
+    from ._plan import check_available
 
     factory = getattr(rw, "_AOTDispatchAutogradFunctionFactory", None)
-    if factory is None or _patch.bind_error() is not None:
-        _count_fallback(
-            f"CompiledFunction: {_patch.bind_error()}"
-            if factory is not None
-            else "CompiledFunction: no _AOTDispatchAutogradFunctionFactory in this torch"
-        )
+    try:
+        # Whole-torch conditions (unverified release, source capture): the same
+        # reason string as the runtime wrapper's, so one key counts both.
+        check_available()
+    except Unsupported as e:
+        _count_fallback(str(e))
+        return upstream_post_compile(spec)
+    if factory is None:
+        _count_fallback("CompiledFunction: no _AOTDispatchAutogradFunctionFactory in this torch")
         return upstream_post_compile(spec)
     cls = factory(spec).build()
     try:
-        apply = install_c_function(cls, spec)
+        apply = install_c_function(cls, spec, _patch.release())
         _count_built("autograd_functions")
     except Unsupported as e:
         _count_fallback(str(e))

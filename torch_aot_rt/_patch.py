@@ -32,19 +32,86 @@ def bind_error() -> str | None:
     return _installed.get("bind_error")
 
 
+def release():
+    """The verified release (``_versions.Release``) whose semantics plans use."""
+    return _installed["gate"].release
+
+
+def gate():
+    """The ``_versions.Gate`` decided at install, or None before it."""
+    return _installed.get("gate")
+
+
+def _check_release(rw, rel) -> None:
+    """What a release entry states and can be checked, checked: a torch that
+    does not match its entry is one we were not verified against."""
+    import torch
+    from torch._functorch._aot_autograd.schemas import ViewAndMutationMeta
+    from torch.autograd.function import Function
+
+    apply_is_base = Function.__dict__.get("apply") is torch._C._FunctionBase.__dict__["apply"]
+    if apply_is_base != rel.function_apply_is_base:
+        raise RuntimeError(
+            f"Function.apply is{'' if apply_is_base else ' not'} _FunctionBase.apply, "
+            f"unlike torch {rel.name}"
+        )
+    fields = getattr(ViewAndMutationMeta, "__dataclass_fields__", {})
+    if ("saved_tensor_is_graph_input" in fields) != rel.keeps_saved_graph_inputs:
+        raise RuntimeError(
+            f"ViewAndMutationMeta.saved_tensor_is_graph_input differs from torch {rel.name}"
+        )
+    rw._FirstInvocationContext  # noqa: B018 (on every verified release)
+
+
+def _source_capture_sink(rel):
+    import importlib
+
+    module, name = rel.source_capture_sink.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def source_capture_active() -> bool:
+    """Whether upstream is capturing the generated runtime-wrapper source
+    (``aot_autograd.compile_to_python``): the capture needs its wrappers."""
+    rel = release()
+    if rel is None or rel.source_capture_sink is None:
+        return False
+    return _installed["capture_sink"]() is not None
+
+
 def install() -> None:
-    """Install our builders. Never raises for a torch whose internals differ:
-    the C path is then unavailable and every compile falls back, counted."""
+    """Install our builders. Never raises for a torch whose internals differ,
+    or one not in the verified list: the C path is then unavailable and every
+    compile falls back, counted."""
     with _install_lock:
         if _installed:
             return
         rw = _runtime_wrappers_module()
-        from . import _C, _autograd_plan, _plan, is_enabled
+        import torch
 
-        try:
-            _C._bind_torch()
-        except Exception as e:  # an internal missing in this torch version
-            _installed["bind_error"] = f"torch internals differ: {e!r}"
+        from . import _C, _autograd_plan, _plan, _versions, is_enabled
+
+        gate = _versions.resolve(str(torch.__version__))
+        _installed["gate"] = gate
+        if gate.release is None:
+            _installed["bind_error"] = gate.reason
+        else:
+            rel = gate.release
+            try:
+                _check_release(rw, rel)
+                if rel.source_capture_sink is not None:
+                    _installed["capture_sink"] = _source_capture_sink(rel)
+                _C._bind_torch(
+                    opaque_type_check=rel.opaque_type_check,
+                    opaque_base=rel.opaque_base,
+                    external_objects=(
+                        "index_to_external_object_weakref"
+                        if rel.snapshots_external_objects
+                        else None
+                    ),
+                )
+            except Exception as e:  # an internal missing or changed in this torch
+                _installed["bind_error"] = f"torch internals differ: {e!r}"
 
         upstream = rw._create_runtime_wrapper
 

@@ -185,12 +185,7 @@ def make_plan(compiled_fn, *, runtime_metadata, indices_of_inps_to_detach,
             replay_views=replay_views,
             dynamic_dims=_dynamic_dims(meta),
             grad_enabled_mutation=meta.grad_enabled_mutation,
-            # Older torch has no custom-op aliasing check on first invocation.
-            first_invocation=(
-                rw._FirstInvocationContext()
-                if hasattr(rw, "_FirstInvocationContext")
-                else None
-            ),
+            first_invocation=rw._FirstInvocationContext(),
             disable_saved_tensors_hooks=bool(
                 trace_joint and rw._should_disable_saved_tensors_hooks()
             ),
@@ -201,13 +196,27 @@ def make_plan(compiled_fn, *, runtime_metadata, indices_of_inps_to_detach,
     return plan
 
 
+SOURCE_CAPTURE = "runtime-wrapper source is being captured (aot_autograd.compile_to_python)"
+
+
+def check_available() -> None:
+    """Raise :class:`Unsupported` when no C wrapper may be built right now:
+    torch unverified or its internals differ, or upstream is capturing the
+    generated wrapper source (which only its own wrappers produce)."""
+    from . import _patch
+
+    if _patch.bind_error() is not None:
+        raise Unsupported(_patch.bind_error())
+    if _patch.source_capture_active():
+        raise Unsupported(SOURCE_CAPTURE)
+
+
 def build_runtime_wrapper(upstream, compiled_fn, **kwargs):
     """Our ``_create_runtime_wrapper``: the C wrapper, or upstream's with a reason."""
-    from . import _C, _count_built, _count_fallback, _patch
+    from . import _C, _count_built, _count_fallback
 
     try:
-        if _patch.bind_error() is not None:
-            raise Unsupported(_patch.bind_error())
+        check_available()
         plan = make_plan(compiled_fn, **kwargs)
     except Unsupported as e:
         _count_fallback(str(e))

@@ -1,0 +1,127 @@
+"""The torch releases the C path was verified against, and what each does.
+
+Upstream changes AOTAutograd's runtime semantics between releases without
+renaming anything, so a name look-up cannot tell whether our C code still
+mirrors what runs. This table is the one place version-dependent behaviour
+lives: every field is a semantic difference found by reading that release's
+``torch/_functorch/_aot_autograd/`` (and ``torch/autograd/function.py``) side
+by side with the previous one. Plans read these fields when a wrapper is
+built; the C call path branches on plan bits, never on a version.
+
+Adding a release means reading its source against the newest entry, adding
+one entry here (new fields where it changed something), and parametrizing
+the tests over what it does. On any torch not listed, every compile falls
+back to upstream with the reason ``torch X.Y.Z is not a verified version``,
+unless ``TORCH_AOT_RT_UNVERIFIED=1`` opts in (the nearest entry's semantics
+are then assumed, and ``stats()`` says so).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Release:
+    series: tuple[int, int]
+    # _AutogradSavedState.save_from_forward: 2.13 detaches every saved tensor
+    # that is a view; 2.14 keeps saved graph inputs as they are
+    # (ViewAndMutationMeta.saved_tensor_is_graph_input), detaching only views
+    # that are not graph inputs.
+    keeps_saved_graph_inputs: bool
+    # 2.14: the forward epilogue snapshots Dynamo's external-object registry
+    # onto ctx (_snapshot_external_objects -> ctx._external_objects), and
+    # _backward_impl restores it before calling the compiled backward.
+    snapshots_external_objects: bool
+    # _codegen_compiled_backward: 2.13 runs impl_fn as `context.run`, 2.14 as
+    # `context.copy().run` (a ContextVar set in one backward stays there).
+    copies_backward_context: bool
+    # runtime_wrappers' module globals for the saved opaque-object check
+    # (`is_opaque_type(type(obj)) or isinstance(obj, OpaqueBase)` in 2.13,
+    # renamed is_custom_class / CustomClassBase in 2.14).
+    opaque_type_check: str
+    opaque_base: str
+    # torch.autograd.Function.apply: a Python classmethod in 2.13 (functorch
+    # check, unwrap_dead_wrappers, then _FunctionBase.apply); 2.14 makes it
+    # _FunctionBase.apply itself, with that logic in C++.
+    function_apply_is_base: bool
+    # Where the release can capture the generated runtime-wrapper source
+    # (aot_autograd.compile_to_python): "module:function" returning the
+    # active sink or None. A capture needs upstream's wrappers.
+    source_capture_sink: str | None
+
+    @property
+    def name(self) -> str:
+        return "%d.%d" % self.series
+
+
+VERIFIED: tuple[Release, ...] = (
+    Release(
+        series=(2, 13),
+        keeps_saved_graph_inputs=False,
+        snapshots_external_objects=False,
+        copies_backward_context=False,
+        opaque_type_check="is_opaque_type",
+        opaque_base="OpaqueBase",
+        function_apply_is_base=False,
+        source_capture_sink=None,
+    ),
+    Release(
+        series=(2, 14),
+        keeps_saved_graph_inputs=True,
+        snapshots_external_objects=True,
+        copies_backward_context=True,
+        opaque_type_check="is_custom_class",
+        opaque_base="CustomClassBase",
+        function_apply_is_base=True,
+        source_capture_sink="torch._functorch._aot_autograd.codegen:_current_capture_sink",
+    ),
+)
+
+UNVERIFIED_ENV = "TORCH_AOT_RT_UNVERIFIED"
+
+# A final release, optionally with a local build tag (2.14.1+cu130). Pre-
+# releases and source builds (2.15.0a0+git...) are not the verified source.
+_FINAL = re.compile(r"^(\d+)\.(\d+)\.(\d+)(\+[0-9A-Za-z.]+)?$")
+_SERIES = re.compile(r"^(\d+)\.(\d+)")
+
+
+def _opted_in() -> bool:
+    return os.environ.get(UNVERIFIED_ENV, "").strip().lower() in ("1", "true", "on", "yes")
+
+
+@dataclass(frozen=True)
+class Gate:
+    torch_version: str
+    release: Release | None    # the semantics the C path runs with, or None
+    verified: bool
+    unverified_opt_in: bool
+
+    @property
+    def reason(self) -> str | None:
+        """Why every compile falls back, or None."""
+        if self.release is None:
+            return f"torch {self.torch_version} is not a verified version"
+        return None
+
+
+def resolve(torch_version: str) -> Gate:
+    """The gate for this torch version and environment."""
+    if _FINAL.match(torch_version):
+        series = tuple(int(x) for x in _SERIES.match(torch_version).groups())
+        for release in VERIFIED:
+            if release.series == series:
+                return Gate(torch_version, release, True, False)
+    if not _opted_in():
+        return Gate(torch_version, None, False, False)
+    # At the user's own risk: the newest entry not newer than this torch
+    # (the oldest for anything older, the newest for anything unparsable).
+    m = _SERIES.match(torch_version)
+    nearest = VERIFIED[-1]
+    if m is not None:
+        series = (int(m.group(1)), int(m.group(2)))
+        older = [r for r in VERIFIED if r.series <= series]
+        nearest = older[-1] if older else VERIFIED[0]
+    return Gate(torch_version, nearest, False, True)
