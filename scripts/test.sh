@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Set up (venv, deps, fresh build of the C extension) and run the test suite.
-#   bash scripts/test.sh                 # everything
-#   bash scripts/test.sh -k mutation -x  # extra arguments go to pytest
-# Exit status: pytest's. A run that executes no test is a failure (exit 5), including
-# "nothing collected" and "everything skipped/deselected".
+# Set up and run the test suite on every torch release in TORCH_RELEASES
+# (scripts/setup_env.sh), each in its own venv (.venv-2.13, .venv-2.14), each with a
+# fresh build of the C extension.
+#   bash scripts/test.sh                          # everything, every release
+#   bash scripts/test.sh -k mutation -x           # extra arguments go to pytest
+#   TORCH_AOT_RT_TORCH=2.14.1 bash scripts/test.sh  # one release only
+# Exit status: 0 when every release passed, else the first failing pytest status.
+# A run that executes no test is a failure (exit 5), including "nothing collected"
+# and "everything skipped/deselected".
 set -euo pipefail
 # shellcheck source=scripts/setup_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
@@ -13,10 +17,27 @@ if [ ! -d tests ]; then
     exit 5
 fi
 
-rc=0
-PYTHONPATH="$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}" \
-    run_py -m pytest -p pytest_require_tests tests -q "$@" </dev/null || rc=$?
-if [ "$rc" -eq 5 ]; then
-    echo "test.sh: pytest ran no tests (exit 5): counted as a failure" >&2
+if [ -n "${TORCH_AOT_RT_TORCH:-}" ]; then
+    releases=("$TORCH_AOT_RT_TORCH")
+else
+    releases=("${TORCH_RELEASES[@]}")
 fi
-exit "$rc"
+
+status=0
+summary=()
+for version in "${releases[@]}"; do
+    setup_torch_env "$version"
+    echo "=== torch $version ($VENV) ===" >&2
+    rc=0
+    PYTHONPATH="$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}" \
+        run_py -m pytest -p pytest_require_tests tests -q "$@" </dev/null || rc=$?
+    if [ "$rc" -eq 5 ]; then
+        echo "test.sh: pytest ran no tests on torch $version (exit 5): counted as a failure" >&2
+    fi
+    summary+=("torch $version: exit $rc")
+    if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then
+        status=$rc
+    fi
+done
+printf 'test.sh: %s\n' "${summary[@]}" >&2
+exit "$status"
