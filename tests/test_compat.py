@@ -137,21 +137,31 @@ def test_unverified_version_falls_back(version):
     assert stats["torch"] == {"version": version, "release": None, "unverified_opt_in": False}
 
 
-@pytest.mark.parametrize("version", ["2.15.0", "2.14.0a0+git1234567"])
-def test_unverified_opt_in(version):
-    # Semantics of the nearest entry not newer than the version: the installed
-    # release's for these, so the results are exact.
+# Unverified versions the opt-in maps onto the installed release's entry (so
+# the results are exact): the nearest entry not newer, or the oldest.
+OPT_IN = {
+    (2, 13): ["2.13.0a0+git1234567", "2.12.0"],
+    (2, 14): ["2.15.0", "2.14.0a0+git1234567"],
+}
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_unverified_opt_in(which):
     import torch
 
     installed = _series(str(torch.__version__))
-    if installed != (2, 14):
-        pytest.skip("the opt-in maps these versions onto 2.14's semantics")
+    assert installed in OPT_IN, f"add torch {installed}'s opt-in cases"
+    version = OPT_IN[installed][which]
     result = run(f"torch.__version__ = {version!r}", TORCH_AOT_RT_UNVERIFIED="1")
     assert result["same"]
     stats = result["stats"]
     assert stats["runtime_wrappers"] == 1 and stats["autograd_functions"] == 1
     assert stats["fallbacks"] == 0, stats
-    assert stats["torch"] == {"version": version, "release": "2.14", "unverified_opt_in": True}
+    assert stats["torch"] == {
+        "version": version,
+        "release": "%d.%d" % installed,
+        "unverified_opt_in": True,
+    }
 
 
 def test_verified_version_reports_release():

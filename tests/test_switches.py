@@ -143,8 +143,17 @@ def test_wrapper_looks_like_upstreams(requires_grad):
     public = lambda w: sorted(k for k in vars(w) if not k.startswith("__"))  # noqa: E731
     assert public(ours) == public(up)
     assert ours.__doc__ == up.__doc__
-    assert str(inspect.signature(ours)) == str(inspect.signature(up))
+    # In training on 2.14 both wrap CompiledFunction.apply, which is the builtin
+    # _FunctionBase.apply there: inspect.signature raises the same ValueError.
+    assert _signature(ours) == _signature(up)
     assert callable(ours.__get__(object()))
+
+
+def _signature(fn):
+    try:
+        return str(inspect.signature(fn))
+    except ValueError as e:
+        return ("ValueError", str(e).split(" at 0x")[0])
 
 
 @pytest.mark.needs_c
