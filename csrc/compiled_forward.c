@@ -460,31 +460,9 @@ CompiledForward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         goto fail;
     }
     self->snapshot_external_objects = snapshot;
-    if ((v = rt_plan_required(kwargs, "saved_is_graph_input")) == NULL) {
+    if (rt_plan_bool_mask(kwargs, "saved_is_graph_input", &self->n_saved_is_graph_input,
+                          &self->saved_is_graph_input) < 0) {
         goto fail;
-    }
-    if (v != Py_None) {
-        if (!PyTuple_Check(v)) {
-            PyErr_SetString(PyExc_ValueError,
-                            "plan: saved_is_graph_input must be None or a tuple of bools");
-            goto fail;
-        }
-        Py_ssize_t n = PyTuple_GET_SIZE(v);
-        self->saved_is_graph_input = PyMem_Calloc(n ? n : 1, sizeof(bool));
-        if (self->saved_is_graph_input == NULL) {
-            PyErr_NoMemory();
-            goto fail;
-        }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *b = PyTuple_GET_ITEM(v, i);
-            if (!PyBool_Check(b)) {
-                PyErr_SetString(PyExc_ValueError,
-                                "plan: saved_is_graph_input must be None or a tuple of bools");
-                goto fail;
-            }
-            self->saved_is_graph_input[i] = b == Py_True;
-        }
-        self->n_saved_is_graph_input = n;
     }
     if (self->num_forward_returns < 0) {
         PyErr_SetString(PyExc_ValueError, "plan: num_forward_returns must be an int");

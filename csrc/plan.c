@@ -114,6 +114,47 @@ rt_plan_indices(PyObject *kwargs, const char *key, Py_ssize_t *n, Py_ssize_t **o
     return 0;
 }
 
+/* None -> *out = NULL; a sequence of bools -> a PyMem array of *n flags. */
+int
+rt_plan_bool_mask(PyObject *kwargs, const char *key, Py_ssize_t *n, bool **out)
+{
+    *out = NULL;
+    *n = 0;
+    PyObject *v = rt_plan_required(kwargs, key);
+    if (v == NULL) {
+        return -1;
+    }
+    if (v == Py_None) {
+        return 0;
+    }
+    PyObject *seq = PySequence_Fast(v, "");
+    if (seq == NULL) {
+        PyErr_Format(PyExc_ValueError, "plan: %s must be None or a sequence of bools", key);
+        return -1;
+    }
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    bool *mask = PyMem_Calloc(len ? len : 1, sizeof(bool));
+    if (mask == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        PyObject *b = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyBool_Check(b)) {
+            PyErr_Format(PyExc_ValueError, "plan: %s must be None or a sequence of bools", key);
+            PyMem_Free(mask);
+            Py_DECREF(seq);
+            return -1;
+        }
+        mask[i] = b == Py_True;
+    }
+    Py_DECREF(seq);
+    *out = mask;
+    *n = len;
+    return 0;
+}
+
 /* A sequence of tuples of exactly `arity` items. */
 static PyObject *
 parse_records(PyObject *v, const char *key, Py_ssize_t arity)

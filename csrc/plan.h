@@ -86,10 +86,12 @@ typedef struct {
  * Raises ValueError/TypeError naming what is malformed. */
 int rt_plan_parse(rt_plan *plan, PyObject *compiled_fn, PyObject *kwargs);
 /* Helpers shared with the autograd plans: a required keyword (borrowed),
- * a bool, a sequence of non-negative ints as a PyMem array. */
+ * a bool, a sequence of non-negative ints as a PyMem array, None or a
+ * sequence of bools as a PyMem array (NULL for None). */
 PyObject *rt_plan_required(PyObject *kwargs, const char *key);
 int rt_plan_bool(PyObject *kwargs, const char *key, bool *out);
 int rt_plan_indices(PyObject *kwargs, const char *key, Py_ssize_t *n, Py_ssize_t **out);
+int rt_plan_bool_mask(PyObject *kwargs, const char *key, Py_ssize_t *n, bool **out);
 
 int rt_plan_traverse(rt_plan *plan, visitproc visit, void *arg);
 void rt_plan_clear(rt_plan *plan);
