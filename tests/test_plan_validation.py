@@ -179,3 +179,102 @@ def test_many_malformed_plans_leak_nothing(real_plan):
             with pytest.raises(ValueError):
                 D._C.RuntimeWrapper(compiled_fn, **b)
     assert counts() == before
+
+
+# ---------------------------------------------------------------------------
+# The release-dependent fields of the CompiledFunction plans
+
+
+@pytest.fixture(scope="module")
+def autograd_plans():
+    """The forward and backward plans of a real training compile."""
+    from functorch.compile import aot_function, nop
+
+    from torch_aot_rt import _autograd_plan
+
+    seen = {}
+    fwd, bwd = _autograd_plan._forward_plan, _autograd_plan._backward_plan
+
+    def record(name, fn):
+        def wrapper(*args):
+            seen[name] = (args[0], fn(*args))
+            return seen[name][1]
+
+        return wrapper
+
+    torch._dynamo.reset()
+    _autograd_plan._forward_plan = record("forward", fwd)
+    _autograd_plan._backward_plan = record("backward", bwd)
+    try:
+        g = aot_function(lambda a, b: (a * b,), fw_compiler=nop, bw_compiler=nop)
+        g(torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True))
+    finally:
+        _autograd_plan._forward_plan, _autograd_plan._backward_plan = fwd, bwd
+    cls = seen["forward"][0]
+    return cls, seen["forward"][1], seen["backward"][1]
+
+
+def _bound_registry():
+    from torch_aot_rt import _patch
+
+    return _patch.release().snapshots_external_objects
+
+
+FORWARD_BROKEN = {
+    "saved_is_graph_input": [5, (1, 0), (True, None), "ab"],
+    "snapshot_external_objects": [1, None, "yes"],
+}
+BACKWARD_BROKEN = {
+    "restore_external_objects": [1, None],
+    "copy_context": [0, "no"],
+}
+
+
+@pytest.mark.parametrize(
+    "key,value", [(k, v) for k, vs in FORWARD_BROKEN.items() for v in vs], ids=repr
+)
+def test_forward_plan_release_fields_validated(autograd_plans, key, value):
+    cls, plan, _ = autograd_plans
+    upstream = cls.__dict__["forward"].__func__
+    D._C.CompiledForward(upstream=upstream, **plan)  # the real plan is accepted
+    with pytest.raises(ValueError, match=f"plan: {key} must be"):
+        D._C.CompiledForward(upstream=upstream, **{**plan, key: value})
+
+
+@pytest.mark.parametrize(
+    "key,value", [(k, v) for k, vs in BACKWARD_BROKEN.items() for v in vs], ids=repr
+)
+def test_backward_plan_release_fields_validated(autograd_plans, key, value):
+    cls, _, plan = autograd_plans
+    upstream = cls.__dict__["backward"].__func__
+    D._C.CompiledBackward(upstream=upstream, **plan)
+    with pytest.raises(ValueError, match=f"plan: {key} must be"):
+        D._C.CompiledBackward(upstream=upstream, **{**plan, key: value})
+
+
+@pytest.mark.parametrize("key", ["saved_is_graph_input", "snapshot_external_objects"])
+def test_forward_plan_release_fields_required(autograd_plans, key):
+    cls, plan, _ = autograd_plans
+    plan = dict(plan)
+    del plan[key]
+    with pytest.raises(TypeError, match=f"missing required keyword argument '{key}'"):
+        D._C.CompiledForward(upstream=cls.__dict__["forward"].__func__, **plan)
+
+
+def test_external_objects_need_the_registry(autograd_plans):
+    """A plan asking for the snapshot is refused where the release bound no
+    registry (2.13), and accepted where it did (2.14)."""
+    cls, fplan, bplan = autograd_plans
+    fwd = lambda: D._C.CompiledForward(  # noqa: E731
+        upstream=cls.__dict__["forward"].__func__, **{**fplan, "snapshot_external_objects": True}
+    )
+    bwd = lambda: D._C.CompiledBackward(  # noqa: E731
+        upstream=cls.__dict__["backward"].__func__, **{**bplan, "restore_external_objects": True}
+    )
+    if _bound_registry():
+        fwd(), bwd()
+    else:
+        with pytest.raises(ValueError, match="without the registry"):
+            fwd()
+        with pytest.raises(ValueError, match="without the registry"):
+            bwd()

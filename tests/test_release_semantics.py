@@ -27,6 +27,21 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def _calling_first(observe):
+    """A boxed compiler whose graph calls ``observe()`` before running: what
+    the compiled backward sees when it runs."""
+
+    def compiler(gm, example_inputs):
+        def run(args):
+            observe()
+            return gm(*args)
+
+        run._boxed_call = True
+        return run
+
+    return compiler
+
+
 def _seeded(seed=0):
     torch._dynamo.reset()
     torch.manual_seed(seed)
@@ -97,13 +112,9 @@ def test_external_objects_snapshot_and_restore():
         _seeded()
         seen = []
 
-        def bw_compiler(gm, example_inputs):
-            def run(args):
-                seen.append({k: getattr(r(), "name", None) for k, r in reg.items()})
-                return gm(*args)
-
-            run._boxed_call = True
-            return run
+        bw_compiler = _calling_first(
+            lambda: seen.append({k: getattr(r(), "name", None) for k, r in reg.items()})
+        )
 
         first, later = Obj("first"), Obj("later")
         saved_registry = dict(reg)
@@ -185,14 +196,11 @@ def test_backward_context_between_nodes():
         _seeded()
         seen = []
 
-        def bw_compiler(gm, example_inputs):
-            def run(args):
-                seen.append(var.get())
-                var.set(f"set by backward {len(seen)}")
-                return gm(*args)
+        def observe():
+            seen.append(var.get())
+            var.set(f"set by backward {len(seen)}")
 
-            run._boxed_call = True
-            return run
+        bw_compiler = _calling_first(observe)
 
         with T.c_runtime(use_c, min_functions=2):
             g1 = aot_function(f_mul, fw_compiler=nop, bw_compiler=bw_compiler)
