@@ -12,14 +12,16 @@
 static PyObject *
 bind_torch(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"opaque_type_check", "opaque_base", "external_objects", NULL};
+    static char *keywords[] = {"opaque_type_check", "opaque_base", "external_objects", "cpp",
+                               NULL};
     rt_release_names names = {NULL, NULL, NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$ssz:_bind_torch", keywords,
+    PyObject *cpp = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$sszO:_bind_torch", keywords,
                                      &names.opaque_type_check, &names.opaque_base,
-                                     &names.external_objects)) {
+                                     &names.external_objects, &cpp)) {
         return NULL;
     }
-    if (rt_torch_bind(PyModule_GetState(module), &names) < 0) {
+    if (rt_torch_bind(PyModule_GetState(module), &names, cpp) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -27,9 +29,10 @@ bind_torch(PyObject *module, PyObject *args, PyObject *kwargs)
 
 static PyMethodDef module_methods[] = {
     {"_bind_torch", (PyCFunction)(void (*)(void))bind_torch, METH_VARARGS | METH_KEYWORDS,
-     PyDoc_STR("_bind_torch(*, opaque_type_check, opaque_base, external_objects)\n"
+     PyDoc_STR("_bind_torch(*, opaque_type_check, opaque_base, external_objects, cpp)\n"
                "Look up the torch callables the C runtime uses (once per process), "
-               "with the names the installed release gives what changed.")},
+               "with the names the installed release gives what changed; cpp is the "
+               "C++ part's rt_cpp_api capsule, or None for the C core alone.")},
     {NULL, NULL, 0, NULL},
 };
 

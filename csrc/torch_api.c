@@ -206,11 +206,37 @@ direct_setter(PyObject *fn, PyCFunctionWithKeywords *c, PyObject **self)
     }
 }
 
+/* The C++ part's table, checked: a capsule of our name and API version. */
+static int
+bind_cpp(rt_state *st, PyObject *capsule)
+{
+    Py_CLEAR(st->cpp_capsule);
+    st->cpp = NULL;
+    if (capsule == Py_None) {
+        return 0;
+    }
+    const rt_cpp_api *api = PyCapsule_GetPointer(capsule, RT_CPP_CAPSULE_NAME);
+    if (api == NULL) {
+        return -1;
+    }
+    if (api->api_version != RT_CPP_API_VERSION) {
+        PyErr_Format(PyExc_ValueError, "C++ part has API version %d, the C core %d",
+                     api->api_version, RT_CPP_API_VERSION);
+        return -1;
+    }
+    st->cpp_capsule = Py_NewRef(capsule);
+    st->cpp = api;
+    return 0;
+}
+
 int
-rt_torch_bind(rt_state *st, const rt_release_names *names)
+rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule)
 {
     if (st->bound) {
         return 0;
+    }
+    if (bind_cpp(st, cpp_capsule) < 0) {
+        return -1;
     }
     BIND(is_grad_enabled, "torch._C", "is_grad_enabled");
     BIND(set_grad_enabled, "torch._C", "_set_grad_enabled");
@@ -283,7 +309,7 @@ rt_torch_bind(rt_state *st, const rt_release_names *names)
 #undef BIND
 
 #define STATE_FIELDS(X)                                                   \
-    X(RuntimeWrapperType) X(is_grad_enabled) X(set_grad_enabled) X(args_true) X(args_false)          \
+    X(RuntimeWrapperType) X(cpp_capsule) X(is_grad_enabled) X(set_grad_enabled) X(args_true) X(args_false)          \
     X(is_view_replay_enabled) X(set_view_replay_enabled) X(DisableAutocast) \
     X(DisableAutocast_enter) X(DisableAutocast_exit) X(Tensor) X(Parameter) \
     X(requires_grad_descr) X(increment_version) X(TensorAlias)            \
@@ -337,6 +363,7 @@ rt_state_clear(rt_state *st)
         Py_CLEAR(st->parameter_methods[m]);
         Py_CLEAR(st->method_names[m]);
     }
+    st->cpp = NULL; /* its capsule was cleared above */
     st->bound = 0;
 }
 
@@ -366,7 +393,15 @@ call_with_bool(PyObject *fn, int value)
     return 0;
 }
 
-int rt_grad_enabled(rt_state *st) { return rt_call_predicate(st->is_grad_enabled); }
+/* torch._C.is_grad_enabled() */
+int
+rt_grad_enabled(rt_state *st)
+{
+    if (st->cpp != NULL) {
+        return st->cpp->grad_enabled();
+    }
+    return rt_call_predicate(st->is_grad_enabled);
+}
 
 /* fn(value) through its C entry point when we have it (see torch_api.h). */
 static int
@@ -391,18 +426,37 @@ call_setter(rt_state *st, PyObject *fn, PyCFunctionWithKeywords c, PyObject *sel
     return 0;
 }
 
+/* torch._C._set_grad_enabled(enabled): with the C++ part and no torch
+ * function mode to hand the call to, the TLS write it ends in. */
 int
 rt_set_grad_enabled(rt_state *st, int enabled)
 {
+    if (st->cpp != NULL && !st->cpp->torch_function_mode_enabled()) {
+        st->cpp->set_grad_enabled(enabled);
+        return 0;
+    }
     return call_setter(st, st->set_grad_enabled, st->set_grad_enabled_c,
                        st->set_grad_enabled_self, enabled);
 }
 
-int rt_view_replay_enabled(rt_state *st) { return rt_call_predicate(st->is_view_replay_enabled); }
+/* torch._C._is_view_replay_enabled() */
+int
+rt_view_replay_enabled(rt_state *st)
+{
+    if (st->cpp != NULL) {
+        return st->cpp->view_replay_enabled();
+    }
+    return rt_call_predicate(st->is_view_replay_enabled);
+}
 
+/* torch._C._set_view_replay_enabled(enabled), as rt_set_grad_enabled */
 int
 rt_set_view_replay_enabled(rt_state *st, int enabled)
 {
+    if (st->cpp != NULL && !st->cpp->torch_function_mode_enabled()) {
+        st->cpp->set_view_replay_enabled(enabled);
+        return 0;
+    }
     return call_setter(st, st->set_view_replay_enabled, st->set_view_replay_enabled_c,
                        st->set_view_replay_enabled_self, enabled);
 }

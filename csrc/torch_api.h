@@ -4,8 +4,12 @@
  * once per process, by rt_torch_bind(), and kept in the module state. The
  * functions below are the only way the rest of the extension touches torch;
  * each is a thin, exact equivalent of one Python expression upstream writes
- * (named in the comment next to it). No libtorch link: everything goes through
- * Python-visible callables, so one build runs on every supported torch.
+ * (named in the comment next to it). The C core links no libtorch: it goes
+ * through Python-visible callables, so one build runs on every supported
+ * torch. Where the optional C++ part is loaded (torch_cpp_api.h, built for
+ * the running torch), some of these functions call its C++ entry points
+ * instead, in the states where that is exact; the rest of the extension
+ * cannot tell which route ran.
  */
 #ifndef TORCH_AOT_RT_TORCH_API_H
 #define TORCH_AOT_RT_TORCH_API_H
@@ -13,6 +17,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdbool.h>
+
+#include "torch_cpp_api.h"
 
 /* Tensor methods the epilogue calls, looked up on the class once. */
 enum rt_tensor_method {
@@ -32,6 +38,11 @@ enum rt_tensor_method {
 typedef struct rt_state {
     PyTypeObject *RuntimeWrapperType;
     int bound;                    /* rt_torch_bind() succeeded */
+
+    /* The C++ part (torch_cpp_api.h), or NULL: the C core alone. The
+     * capsule owns the pointer's lifetime. */
+    const rt_cpp_api *cpp;
+    PyObject *cpp_capsule;
 
     /* grad mode, view replay (torch._C) */
     PyObject *is_grad_enabled;
@@ -157,7 +168,7 @@ typedef struct {
 } rt_release_names;
 
 /* torch look-ups: once, after torch imports */
-int rt_torch_bind(rt_state *st, const rt_release_names *names);
+int rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule);
 int rt_state_traverse(rt_state *st, visitproc visit, void *arg);
 void rt_state_clear(rt_state *st);
 

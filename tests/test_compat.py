@@ -33,8 +33,10 @@ SCRIPT = textwrap.dedent(
     ref_y = y.clone() - 1
     ref = f(ref_x, ref_y)
     ref[0].sum().backward()
+    import sys
     print(json.dumps(dict(
         stats=torch_aot_rt.stats(),
+        loaded_cpp=sorted(m for m in sys.modules if "._torch_cpp_" in m),
         same=torch.allclose(out[0], ref[0]) and torch.equal(y, ref_y)
              and torch.allclose(x.grad, ref_x.grad) and out[1]._base is x,
     )))

@@ -87,6 +87,9 @@ def stats() -> dict:
     installed version, the verified release whose semantics the C path uses
     (None: every compile falls back), and whether that is by the
     ``TORCH_AOT_RT_UNVERIFIED=1`` opt-in (None before the C path is enabled).
+    ``cpp``: the C++ part's module when the C core uses it, else None and the
+    reason (not built for this torch, built against another, or
+    ``TORCH_AOT_RT_CPP=0``).
     """
     from . import _patch
 
@@ -99,6 +102,8 @@ def stats() -> dict:
         "release": gate.release.name if gate and gate.release else None,
         "unverified_opt_in": gate.unverified_opt_in if gate else None,
     }
+    cpp_module, cpp_reason = _patch.cpp()
+    out["cpp"] = {"module": cpp_module, "reason": cpp_reason}
     return out
 
 

@@ -37,6 +37,11 @@ def release():
     return _installed["gate"].release
 
 
+def cpp():
+    """``(module name, None)`` when the C++ part is in use, else ``(None, reason)``."""
+    return _installed.get("cpp", (None, _installed.get("bind_error") or "not installed"))
+
+
 def gate():
     """The ``_versions.Gate`` decided at install, or None before it."""
     return _installed.get("gate")
@@ -89,7 +94,7 @@ def install() -> None:
         rw = _runtime_wrappers_module()
         import torch
 
-        from . import _C, _autograd_plan, _plan, _versions, is_enabled
+        from . import _C, _autograd_plan, _cpp, _plan, _versions, is_enabled
 
         gate = _versions.resolve(str(torch.__version__))
         _installed["gate"] = gate
@@ -101,6 +106,7 @@ def install() -> None:
                 _check_release(rw, rel)
                 if rel.source_capture_sink is not None:
                     _installed["capture_sink"] = _source_capture_sink(rel)
+                capsule, cpp_module, cpp_reason = _cpp.load(torch)
                 _C._bind_torch(
                     opaque_type_check=rel.opaque_type_check,
                     opaque_base=rel.opaque_base,
@@ -109,7 +115,9 @@ def install() -> None:
                         if rel.snapshots_external_objects
                         else None
                     ),
+                    cpp=capsule,
                 )
+                _installed["cpp"] = (cpp_module, cpp_reason)
             except Exception as e:  # an internal missing or changed in this torch
                 _installed["bind_error"] = f"torch internals differ: {e!r}"
 
