@@ -56,8 +56,9 @@ int module_exec(PyObject* module) {
   if (capsule == nullptr) {
     return -1;
   }
-  if (PyModule_AddObject(module, "api", capsule) < 0) {
-    Py_DECREF(capsule);
+  int rc = PyModule_AddObjectRef(module, "api", capsule);
+  Py_DECREF(capsule);
+  if (rc < 0) {
     return -1;
   }
   return PyModule_AddStringConstant(module, "built_torch_version", RT_BUILT_TORCH_VERSION);
