@@ -1,6 +1,6 @@
+import importlib.util
 import json
 import os
-import re
 
 from setuptools import Extension, setup
 
@@ -34,6 +34,16 @@ c_core = Extension(
 )
 
 
+def _load_cpp_loader():
+    """torch_aot_rt/_cpp.py, by path: importing the package would install it."""
+    spec = importlib.util.spec_from_file_location(
+        "_torch_aot_rt_cpp_loader", os.path.join("torch_aot_rt", "_cpp.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def cpp_part():
     """The C++ part, built against the torch importable now, or None.
 
@@ -48,15 +58,11 @@ def cpp_part():
         import torch
     except ImportError:
         return None
+    cpp_loader = _load_cpp_loader()
     root = os.path.dirname(torch.__file__)
     version = str(torch.__version__)
-    ident = "_torch_cpp_" + re.sub(r"[^0-9A-Za-z]", "_", version)
-    record = {
-        "module": ident,
-        "torch_version": version,
-        "git_version": getattr(torch.version, "git_version", None),
-        "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
-    }
+    ident = cpp_loader.module_name(version)
+    record = {"module": ident, **cpp_loader.torch_identity(torch)}
     with open(os.path.join("torch_aot_rt", ident + ".json"), "w") as f:
         json.dump(record, f, indent=1, sort_keys=True)
         f.write("\n")
