@@ -235,9 +235,6 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
     if (st->bound) {
         return 0;
     }
-    if (bind_cpp(st, cpp_capsule) < 0) {
-        return -1;
-    }
     BIND(is_grad_enabled, "torch._C", "is_grad_enabled");
     BIND(set_grad_enabled, "torch._C", "_set_grad_enabled");
     BIND(is_view_replay_enabled, "torch._C", "_is_view_replay_enabled");
@@ -300,7 +297,8 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
          "_saved_tensors_hooks_get_disabled_error_message");
     BIND(saved_hooks_disable, "torch._C._autograd", "_saved_tensors_hooks_disable");
     BIND(saved_hooks_enable, "torch._C._autograd", "_saved_tensors_hooks_enable");
-    if (bind_autograd(st, names) < 0) {
+    if (bind_autograd(st, names) < 0 ||
+        bind_cpp(st, cpp_capsule) < 0) { /* last: the table is in use only once bound */
         return -1;
     }
     st->bound = 1;
