@@ -79,6 +79,8 @@ def cpp_part():
             "-Wextra",
             "-isystem",
             os.path.join(root, "include"),
+            "-isystem",
+            os.path.join(root, "include", "torch", "csrc", "api", "include"),
             "-D_GLIBCXX_USE_CXX11_ABI=%d" % int(record["cxx11_abi"]),
             '-DRT_CPP_MODULE_NAME="torch_aot_rt.%s"' % ident,
             "-DRT_CPP_MODULE_ID=%s" % ident,
@@ -86,7 +88,7 @@ def cpp_part():
         ]
         + common,
         library_dirs=[lib],
-        libraries=["c10", "torch_cpu"],
+        libraries=["c10", "torch_cpu", "torch_python"],
         runtime_library_dirs=[lib],
         extra_link_args=ldflags,
     )

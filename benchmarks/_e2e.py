@@ -10,6 +10,9 @@ first (warm-up) calls run inside ``torch_aot_rt.enabled(flag)``.
 The ``requires_grad_backward`` row calls ``y = f(x); y.backward(g)`` (g a fixed
 tensor of ones): the compiled forward and backward, both through
 ``CompiledFunction``, and the grad accumulated into ``x.grad``, as eager does.
+The ``mlp_training_step`` row does the same for the loss of a small MLP
+(Linear 16→32, ReLU, Linear 32→8, sum; parameters require grad, the input
+does not): a training step's forward and backward, without the optimizer.
 """
 
 from __future__ import annotations
@@ -31,7 +34,18 @@ def one_op(x):
     return x.sin()
 
 
-# row -> (description, requires_grad, context manager factory, backward too)
+torch.manual_seed(0)
+_MLP = torch.nn.Sequential(
+    torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)
+)
+
+
+def mlp_loss(x):
+    return _MLP(x).sum()
+
+
+# row -> (description, requires_grad, context manager factory, backward too);
+# the function and input of each row: FUNCTIONS (default one_op on a 4-vector)
 ROWS: dict[
     str, tuple[str, bool, Callable[[], contextlib.AbstractContextManager], bool]
 ] = {
@@ -56,6 +70,17 @@ ROWS: dict[
         contextlib.nullcontext,
         True,
     ),
+    "mlp_training_step": (
+        "loss = mlp(x).sum(); loss.backward() (small MLP, parameters require grad)",
+        False,
+        contextlib.nullcontext,
+        True,
+    ),
+}
+
+# row -> (function, input shape); rows not listed: one_op on a 4-vector
+FUNCTIONS: dict[str, tuple[Callable, tuple[int, ...]]] = {
+    "mlp_training_step": (mlp_loss, (4, 16)),
 }
 
 
@@ -72,6 +97,7 @@ class E2ECase:
     context: Callable[[], contextlib.AbstractContextManager]
     backward: bool = False
     fns: dict[str, Callable] = field(default_factory=dict)
+    eager: Callable = one_op
     c_note: str | None = None
     c_stats: dict | None = None  # torch_aot_rt.stats() delta of the C compile
 
@@ -92,7 +118,7 @@ def _run(fn, x, backward: bool):
             return fn(x)
 
         return run
-    g = torch.ones_like(x)
+    g = torch.ones_like(fn(x))
 
     def run():
         fn(x).backward(g)
@@ -100,12 +126,13 @@ def _run(fn, x, backward: bool):
     return run
 
 
-def _compile(tag: str, flag: bool | None, x, context, warmup: int, backward=False):
-    """Compile a fresh copy of one_op with the C runtime on (flag True), off
+def _compile(tag: str, flag: bool | None, x, context, warmup: int, backward=False,
+             fn=one_op):
+    """Compile a fresh copy of ``fn`` with the C runtime on (flag True), off
     (False), or without torch_aot_rt installed (None); return (fn, stats delta).
     With ``backward``, the warm-up calls also run the backward (compiling it)."""
     rt = _cases.torch_aot_rt
-    compiled = torch.compile(_fresh_copy(one_op, tag), backend="aot_eager", fullgraph=True)
+    compiled = torch.compile(_fresh_copy(fn, tag), backend="aot_eager", fullgraph=True)
     switch = contextlib.nullcontext() if flag is None else rt.enabled(flag)
     before = rt.stats() if rt is not None and flag is not None else None
     run = _run(compiled, x, backward)
@@ -125,27 +152,28 @@ def _compile(tag: str, flag: bool | None, x, context, warmup: int, backward=Fals
 
 def build_e2e_case(name: str, *, warmup: int = 5) -> E2ECase:
     description, requires_grad, context, backward = ROWS[name]
+    fn, shape = FUNCTIONS.get(name, (one_op, (4,)))
     torch.manual_seed(0)
-    x = torch.randn(4).requires_grad_(requires_grad)
-    case = E2ECase(name, description, x, context, backward)
-    case.fns["eager"] = one_op
+    x = torch.randn(shape).requires_grad_(requires_grad)
+    case = E2ECase(name, description, x, context, backward, eager=fn)
+    case.fns["eager"] = fn
     have_c = _cases._C is not None
     case.fns["upstream"], _ = _compile(
-        f"{name}_upstream", False if have_c else None, x, context, warmup, backward
+        f"{name}_upstream", False if have_c else None, x, context, warmup, backward, fn
     )
     if not have_c:
         case.c_note = _cases.C_UNAVAILABLE
     else:
-        fn, delta = _compile(f"{name}_c", True, x, context, warmup, backward)
+        compiled, delta = _compile(f"{name}_c", True, x, context, warmup, backward, fn)
         case.c_stats = delta
-        # with requires_grad, the C CompiledFunction must have been built too
-        need_fn = 1 if requires_grad else 0
+        # with grads, the C CompiledFunction must have been built too
+        need_fn = 1 if requires_grad or backward else 0
         if (
             delta["runtime_wrappers"] >= 1
             and delta["autograd_functions"] >= need_fn
             and delta["fallbacks"] == 0
         ):
-            case.fns["c"] = fn
+            case.fns["c"] = compiled
         else:
             case.c_note = f"C runtime wrapper not used: stats delta {delta}"
     return case
@@ -159,15 +187,18 @@ def check_c_matches_upstream(case: E2ECase) -> tuple[bool | None, str]:
     if "c" not in case.fns:
         return None, "no C variant"
     seen = {}
+    params = list(_MLP.parameters()) if case.eager is mlp_loss else []
     for variant in ("upstream", "c"):
         x = case.x.detach().clone().requires_grad_(case.x.requires_grad)
+        for p in params:
+            p.grad = None
         with case.context():
             out = case.fns[variant](x)
             result = _cases.describe(out, (x,))
             grad = None
             if case.backward:
-                out.backward(torch.ones_like(x))
-                grad = _cases.describe(x.grad, (x,))
+                out.backward(torch.ones_like(out))
+                grad = [_cases.describe(t.grad, (x,)) for t in (x, *params)]
             seen[variant] = (
                 result,
                 grad,

@@ -279,7 +279,7 @@ def report(cases=None, calls: int = 2000, e2e: bool = True, function: bool = Tru
     if e2e:
         from benchmarks import _e2e
 
-        _table('-- end to end: torch.compile(backend="aot_eager") of x.sin() --',
+        _table("-- end to end: torch.compile(backend=\"aot_eager\") of x.sin() and of an MLP's loss --",
                per_call, "e2e", list(_e2e.ROWS), _e2e.E2E_VARIANTS, "eager")
     by_text: dict[str, list[str]] = {}
     for name, text in notes.items():

@@ -272,11 +272,19 @@ backward_impl(CompiledBackward *self, PyObject *ctx, PyObject *all_args)
         PyErr_SetString(PyExc_AssertionError, "BackwardState requires CompiledAutograd");
         return NULL;
     }
-    PyObject *r = PyObject_Vectorcall(st->maybe_clear_saved_tensors, &ctx, 1, NULL);
-    if (r == NULL) {
-        return NULL;
+    /* ctx.maybe_clear_saved_tensors(): _FunctionBase's, or the C++ node's */
+    if (st->cpp != NULL && st->cpp->node_check(ctx)) {
+        if (st->cpp->node_maybe_clear_saved(ctx) < 0) {
+            return NULL;
+        }
     }
-    Py_DECREF(r);
+    else {
+        PyObject *r = PyObject_Vectorcall(st->maybe_clear_saved_tensors, &ctx, 1, NULL);
+        if (r == NULL) {
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
     int keep_graph = rt_call_predicate(st->keep_graph);
     if (keep_graph < 0) {
         return NULL;

@@ -13,6 +13,12 @@
  * same unwrap_if_dead per tensor, and hand the second to upstream's Python.
  * Where Function.apply is _FunctionBase.apply itself (2.14: that logic is in
  * C++), we call it, which is exactly what upstream calls.
+ *
+ * With the C++ part, a plan built with `node=True` first
+ * offers the call to the C++ autograd node (torch_cpp_api.h node_apply),
+ * which does _FunctionBase.apply's work with a C++ node as the ctx; what it
+ * declines, and every call while a functorch transform or compiled autograd
+ * is active, goes the way above. Each call's decision is counted.
  * ====================================================================== */
 
 typedef struct {
@@ -20,44 +26,50 @@ typedef struct {
     PyObject *apply_base;    /* _FunctionBase.apply bound to the class */
     PyObject *apply_python;  /* CompiledFunction.apply: Function.apply */
     bool apply_is_base;      /* the two are the same function */
+    PyObject *node_cls;      /* the class, for the C++ node; NULL: never offered */
 } FunctionApply;
 
+/* The C++ node's Function.apply: a new reference, NULL with an exception,
+ * or NULL without one when this call is for upstream's Function.apply.
+ * `functorch_active` is _are_functorch_transforms_active(), already asked. */
 static PyObject *
-FunctionApply_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
-                         PyObject *kwnames)
+node_apply(FunctionApply *self, PyObject *args, int functorch_active)
 {
-    FunctionApply *self = (FunctionApply *)op;
     rt_state *st = self->st;
-    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL) {
-        PyErr_SetString(PyExc_TypeError,
-                        "CompiledFunction boxed apply takes the list of arguments");
-        return NULL;
-    }
-    /* upstream's make_boxed_func(apply): g(args) = apply(*args) */
-    PyObject *args = PySequence_Tuple(argv[0]);
-    if (args == NULL) {
-        return NULL;
-    }
+    int reason = RT_NODE_FUNCTORCH;
     PyObject *result = NULL;
-    if (self->apply_is_base) {
-        result = PyObject_Call(self->apply_base, args, NULL);
-        goto done;
+    if (!functorch_active) {
+        PyObject *on = PyObject_GetAttr(st->compiled_autograd, st->str_compiled_autograd_enabled);
+        int enabled = on ? PyObject_IsTrue(on) : -1;
+        Py_XDECREF(on);
+        if (enabled < 0) {
+            return NULL;
+        }
+        reason = RT_NODE_COMPILED_AUTOGRAD;
+        if (!enabled) {
+            result = st->cpp->node_apply(self->node_cls, args, &reason);
+            if (result == NULL && reason == RT_NODE_TAKEN) {
+                return NULL; /* raised */
+            }
+        }
     }
-    int active = rt_call_predicate(st->functorch_transforms_active);
-    if (active < 0) {
-        goto done;
-    }
-    if (active) {
-        result = PyObject_Call(self->apply_python, args, NULL);
-        goto done;
-    }
+    st->node_counts[reason]++;
+    return result;
+}
+
+/* 2.13's Function.apply with no functorch transform active: unwrap dead
+ * functorch wrappers among the tensor args, then _FunctionBase.apply. */
+static PyObject *
+apply_unwrapped(FunctionApply *self, PyObject *args)
+{
+    rt_state *st = self->st;
     Py_ssize_t n = PyTuple_GET_SIZE(args);
     PyObject *stack_args[RT_STACK_ARGS];
     PyObject **stack = n <= RT_STACK_ARGS ? stack_args : PyMem_Malloc(n * sizeof(PyObject *));
     if (stack == NULL) {
-        PyErr_NoMemory();
-        goto done;
+        return PyErr_NoMemory();
     }
+    PyObject *result = NULL;
     Py_ssize_t filled = 0;
     for (; filled < n; filled++) {
         PyObject *arg = PyTuple_GET_ITEM(args, filled);
@@ -80,6 +92,46 @@ FunctionApply_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
     if (stack != stack_args) {
         PyMem_Free(stack);
     }
+    return result;
+}
+
+static PyObject *
+FunctionApply_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
+                         PyObject *kwnames)
+{
+    FunctionApply *self = (FunctionApply *)op;
+    rt_state *st = self->st;
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError,
+                        "CompiledFunction boxed apply takes the list of arguments");
+        return NULL;
+    }
+    /* upstream's make_boxed_func(apply): g(args) = apply(*args) */
+    PyObject *args = PySequence_Tuple(argv[0]);
+    if (args == NULL) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    int active = -2; /* not asked yet */
+    if (self->node_cls != NULL && st->cpp != NULL) {
+        active = rt_call_predicate(st->functorch_transforms_active);
+        if (active < 0) {
+            goto done;
+        }
+        result = node_apply(self, args, active);
+        if (result != NULL || PyErr_Occurred()) {
+            goto done;
+        }
+    }
+    if (self->apply_is_base) {
+        result = PyObject_Call(self->apply_base, args, NULL);
+        goto done;
+    }
+    if (active == -2 && (active = rt_call_predicate(st->functorch_transforms_active)) < 0) {
+        goto done;
+    }
+    result = active ? PyObject_Call(self->apply_python, args, NULL)
+                    : apply_unwrapped(self, args);
 done:
     Py_DECREF(args);
     return result;
@@ -88,11 +140,11 @@ done:
 static PyObject *
 FunctionApply_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"", "apply_is_base", NULL};
+    static char *keywords[] = {"", "apply_is_base", "node", NULL};
     PyObject *cls;
-    int apply_is_base;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O$p:FunctionApply", keywords, &cls,
-                                     &apply_is_base)) {
+    int apply_is_base = 0, node = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$pp:FunctionApply", keywords, &cls,
+                                     &apply_is_base, &node)) {
         return NULL;
     }
     FunctionApply *self = (FunctionApply *)rt_fn_alloc(type, FunctionApply_vectorcall);
@@ -119,6 +171,7 @@ FunctionApply_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     self->apply_is_base = apply_is_base;
+    self->node_cls = node ? Py_NewRef(cls) : NULL;
     return (PyObject *)self;
 }
 
@@ -130,6 +183,7 @@ FunctionApply_traverse(FunctionApply *self, visitproc visit, void *arg)
     Py_VISIT(self->dict);
     Py_VISIT(self->apply_base);
     Py_VISIT(self->apply_python);
+    Py_VISIT(self->node_cls);
     return 0;
 }
 
@@ -139,11 +193,12 @@ FunctionApply_clear(FunctionApply *self)
     Py_CLEAR(self->dict);
     Py_CLEAR(self->apply_base);
     Py_CLEAR(self->apply_python);
+    Py_CLEAR(self->node_cls);
     return 0;
 }
 
 DEFINE_DEALLOC(FunctionApply, (void)0)
 FN_MEMBERS(FunctionApply)
 FN_SPEC(FunctionApply,
-        "FunctionApply(cls, *, apply_is_base): CompiledFunction.apply, boxed (called with "
+        "FunctionApply(cls, *, apply_is_base, node=False): CompiledFunction.apply, boxed (called with "
         "the args list).")

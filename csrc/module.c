@@ -5,6 +5,8 @@
  * by _bind_torch(), which the Python shim calls after importing torch: the
  * extension itself neither links nor imports torch at import time.
  */
+#include <string.h>
+
 #include "autograd_function.h"
 #include "runtime_wrapper.h"
 #include "torch_api.h"
@@ -27,7 +29,46 @@ bind_torch(PyObject *module, PyObject *args, PyObject *kwargs)
     Py_RETURN_NONE;
 }
 
+/* Names of rt_node_declined, for stats() */
+static const char *const node_reasons[RT_NODE_N_DECLINED] = {
+    [RT_NODE_TAKEN] = "taken",
+    [RT_NODE_JIT_TRACING] = "torch.jit tracing",
+    [RT_NODE_RECORD_FUNCTION] = "profiler or RecordFunction callbacks active",
+    [RT_NODE_TENSOR_KIND] = "tensor subclass, functorch, functional or nested input",
+    [RT_NODE_FORWARD_AD] = "forward-mode AD input",
+    [RT_NODE_FUNCTORCH] = "functorch transform active",
+    [RT_NODE_COMPILED_AUTOGRAD] = "compiled autograd enabled",
+};
+
+static PyObject *
+node_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    int reset = 0;
+    if (nargs > 1 || (nargs == 1 && (reset = PyObject_IsTrue(args[0])) < 0)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "_node_stats(reset=False)");
+        }
+        return NULL;
+    }
+    rt_state *st = PyModule_GetState(module);
+    PyObject *out = PyDict_New();
+    for (int i = 0; out != NULL && i < RT_NODE_N_DECLINED; i++) {
+        PyObject *n = PyLong_FromSsize_t(st->node_counts[i]);
+        if (n == NULL || PyDict_SetItemString(out, node_reasons[i], n) < 0) {
+            Py_CLEAR(out);
+        }
+        Py_XDECREF(n);
+    }
+    if (out != NULL && reset) {
+        memset(st->node_counts, 0, sizeof(st->node_counts));
+    }
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
+    {"_node_stats", (PyCFunction)(void (*)(void))node_stats, METH_FASTCALL,
+     PyDoc_STR("_node_stats(reset=False)\nCompiledFunction calls by the C++ node's decision: "
+               "'taken', or why upstream's Function.apply ran; reset zeroes the counts.")},
     {"_bind_torch", (PyCFunction)(void (*)(void))bind_torch, METH_VARARGS | METH_KEYWORDS,
      PyDoc_STR("_bind_torch(*, opaque_type_check, opaque_base, external_objects, cpp)\n"
                "Look up the torch callables the C runtime uses (once per process), "

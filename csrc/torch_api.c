@@ -66,6 +66,7 @@ rt_state_init(rt_state *st)
     INTERN(str_donated_buffer, "donated_buffer");
     INTERN(str_external_objects, "_external_objects");
     INTERN(str_copy, "copy");
+    INTERN(str_compiled_autograd_enabled, "compiled_autograd_enabled");
     if ((st->kwnames_use_once = Py_BuildValue("(s)", "saved_tensors_use_once")) == NULL ||
         (st->kwnames_memory_format = Py_BuildValue("(s)", "memory_format")) == NULL ||
         (st->kwnames_steal_disable_amp = Py_BuildValue("(ss)", "steal_args", "disable_amp")) == NULL) {
@@ -180,6 +181,7 @@ bind_autograd(rt_state *st, const rt_release_names *names)
     BIND(is_opaque_type, RW, names->opaque_type_check);
     BIND(OpaqueBase, RW, names->opaque_base);
     BIND(weakref_ref, "weakref", "ref");
+    BIND(compiled_autograd, "torch._dynamo.compiled_autograd", NULL);
     Py_CLEAR(st->external_objects);
     if (names->external_objects != NULL) {
         BIND(external_objects, RW, names->external_objects);
@@ -327,6 +329,7 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
     X(unsafe_view) X(partial) X(functorch_config)                         \
     X(process_runtime_tangent) X(coerce_memory_format)                    \
     X(call_func_at_runtime) X(is_opaque_type) X(OpaqueBase) X(external_objects) X(weakref_ref) \
+    X(compiled_autograd) X(str_compiled_autograd_enabled) \
     X(str_external_objects) X(str_copy) X(str_to_save) \
     X(str_non_differentiable) X(str_materialize_non_diff_grads)           \
     X(str_tensors_no_vc_check) X(str_symints) X(str_opaque_objects)       \

@@ -120,6 +120,12 @@ typedef struct rt_state {
      * NULL on releases that do not snapshot it. */
     PyObject *external_objects;
     PyObject *weakref_ref;                /* weakref.ref */
+    /* The C++ node (torch_cpp_api.h node_apply): compiled autograd's module,
+     * read per call for compiled_autograd_enabled, and per-call counts of
+     * CompiledFunction calls by node decision (RT_NODE_TAKEN or why not). */
+    PyObject *compiled_autograd;          /* torch._dynamo.compiled_autograd */
+    PyObject *str_compiled_autograd_enabled;
+    Py_ssize_t node_counts[RT_NODE_N_DECLINED];
 
     /* interned names and prebuilt constants */
     PyObject *str_to_save;

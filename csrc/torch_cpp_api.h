@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define RT_CPP_API_VERSION 1
+#define RT_CPP_API_VERSION 2
 #define RT_CPP_CAPSULE_NAME "torch_aot_rt._torch_cpp.api"
 
 typedef struct rt_cpp_api {
@@ -37,7 +37,38 @@ typedef struct rt_cpp_api {
      * torch._C._set_view_replay_enabled(b). */
     int (*view_replay_enabled)(void);
     void (*set_view_replay_enabled)(int enabled);
+
+    /* CompiledFunction's autograd node (csrc/cpp/compiled_node.cpp): what
+     * `cls.apply(*args)` does upstream for a CompiledFunction class
+     * (THPFunction_apply), with a C++ node as the ctx: cls.forward(node,
+     * *args) under no-grad, outputs wrapped by torch's _wrap_outputs, tensors
+     * saved as SavedVariable; at backward the node calls
+     * cls.backward(node, grads) (PyNode::apply + apply_boxed). The caller has
+     * checked that no functorch transform is active and that compiled
+     * autograd is off. Returns the outputs (new reference); NULL with an
+     * exception set; or NULL with no exception and *declined set to an
+     * rt_node_declined reason, before anything observable happened (the
+     * caller then runs upstream's Function.apply). */
+    PyObject *(*node_apply)(PyObject *cls, PyObject *args, int *declined);
+    /* obj is a node's Python object (a grad_fn of the type above): 1, else 0 */
+    int (*node_check)(PyObject *obj);
+    /* node.maybe_clear_saved_tensors(): release the saved tensors unless the
+     * current graph task keeps the graph; 0, or -1 with an exception */
+    int (*node_maybe_clear_saved)(PyObject *node);
 } rt_cpp_api;
+
+/* Why node_apply left a call to upstream's Function.apply. */
+enum rt_node_declined {
+    RT_NODE_TAKEN = 0,
+    RT_NODE_JIT_TRACING,      /* torch.jit.trace records the Python op */
+    RT_NODE_RECORD_FUNCTION,  /* profiler / RecordFunction callbacks: upstream's inputs */
+    RT_NODE_TENSOR_KIND,      /* subclass, functorch, functional or nested tensor */
+    RT_NODE_FORWARD_AD,       /* an input carries a forward-mode gradient */
+    /* decided by the C core before node_apply */
+    RT_NODE_FUNCTORCH,        /* a functorch transform is active */
+    RT_NODE_COMPILED_AUTOGRAD, /* compiled autograd is on: it needs upstream's node */
+    RT_NODE_N_DECLINED
+};
 
 #ifdef __cplusplus
 }

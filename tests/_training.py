@@ -48,25 +48,38 @@ def is_c_class(cls) -> bool:
     )
 
 
-def compiled_function_classes(outs) -> list:
-    """The CompiledFunction classes reachable backwards from ``outs`` (in
-    the order they are met, without duplicates)."""
+def compiled_function_nodes(outs) -> list:
+    """The CompiledFunction grad_fns reachable backwards from ``outs`` (in
+    the order they are met)."""
     seen_nodes: set = set()
-    classes: list = []
+    nodes: list = []
     stack = [o.grad_fn for o in D._flat_tensors(outs) if o.grad_fn is not None]
     while stack:
         node = stack.pop()
         if node is None or id(node) in seen_nodes:
             continue
         seen_nodes.add(id(node))
-        cls = getattr(node, "_forward_cls", None)
-        if cls is not None and cls.__name__ == "CompiledFunction" and cls not in classes:
-            classes.append(cls)
+        if is_compiled_function_node(node):
+            nodes.append(node)
         stack.extend(fn for fn, _ in node.next_functions)
+    return nodes
+
+
+def compiled_function_classes(outs) -> list:
+    """The CompiledFunction classes reachable backwards from ``outs`` (in
+    the order they are met, without duplicates)."""
+    classes: list = []
+    for node in compiled_function_nodes(outs):
+        if node._forward_cls not in classes:
+            classes.append(node._forward_cls)
     return classes
 
 
-def check_classes(outs, use_c: bool, *, expect: int | None = None) -> list:
+def check_classes(outs, use_c: bool, *, expect: int | None = None, cpp_node: bool = True) -> list:
+    """The CompiledFunction classes behind ``outs``, checked: C forward and
+    backward exactly when ``use_c``; and their nodes the C++ node exactly
+    when ``use_c`` and the C++ part is loaded (unless ``cpp_node=False``: a
+    program the node hands to upstream's Function.apply)."""
     classes = compiled_function_classes(outs)
     if expect is not None:
         assert len(classes) == expect, classes
@@ -75,6 +88,11 @@ def check_classes(outs, use_c: bool, *, expect: int | None = None) -> list:
         assert all(k == use_c for k in kinds), (
             f"C runtime {'on' if use_c else 'off'}, but CompiledFunction classes with C "
             f"forward/backward: {kinds}"
+        )
+        want = use_c and cpp_node and cpp_node_in_use()
+        nodes = [is_cpp_node(n) for n in compiled_function_nodes(outs)]
+        assert all(k == want for k in nodes), (
+            f"expected {'the C++ node' if want else 'upstream nodes'}, got C++ node: {nodes}"
         )
     return classes
 
@@ -232,10 +250,43 @@ def _safe(fn, *args):
         return D.error_record(e)
 
 
+def cpp_node_in_use() -> bool:
+    """Whether CompiledFunction calls get the C++ autograd node
+    (csrc/cpp/compiled_node.cpp): the C++ part is loaded."""
+    return D.C_ENABLED and torch_aot_rt.stats()["cpp"]["module"] is not None
+
+
+def node_stats() -> dict:
+    """The C++ node's per-call decisions so far (``_C._node_stats()``)."""
+    return dict(torch_aot_rt._C._node_stats()) if D.C_ENABLED else {}
+
+
+def node_stats_delta(before: dict) -> dict:
+    """What changed in :func:`node_stats` since ``before`` (non-zero only)."""
+    after = node_stats()
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+def is_compiled_function_node(node) -> bool:
+    """A CompiledFunction's grad_fn: upstream's BackwardCFunction, or the C++
+    node (which has ``_forward_cls`` too)."""
+    cls = getattr(node, "_forward_cls", None)
+    return cls is not None and cls.__name__ == "CompiledFunction"
+
+
+def is_cpp_node(node) -> bool:
+    return type(node) is getattr(torch._C._functions, "CompiledFunctionBackward", None)
+
+
 def ctx_record(outs) -> list:
     """The autograd ``ctx`` state of each CompiledFunction node reachable from
-    ``outs``: its Python attributes, saved tensors, symints, opaque objects,
-    the compiled-autograd key (its shape) and the non-differentiable marks."""
+    ``outs``: its saved tensors, symints, opaque objects and the
+    non-differentiable marks; and, where the C++ node is not in use (so that
+    every CompiledFunction node, off and on, is a Python ctx), the ctx's
+    Python attributes, the compiled-autograd key (its shape),
+    ``needs_input_grad`` and the raw saved tensors, which the C++ node does
+    not have (docs/compatibility.md)."""
+    python_ctx = not cpp_node_in_use()
     recs = []
     seen: set = set()
     stack = [o.grad_fn for o in D._flat_tensors(outs) if o.grad_fn is not None]
@@ -245,35 +296,39 @@ def ctx_record(outs) -> list:
             continue
         seen.add(id(node))
         stack.extend(fn for fn, _ in node.next_functions)
-        cls = getattr(node, "_forward_cls", None)
-        if cls is None or cls.__name__ != "CompiledFunction":
+        if not is_compiled_function_node(node):
             continue
-        key = _safe(cls._compiled_autograd_key, node)
-        recs.append(
-            {
-                "name": node.name(),
-                "vars": {k: type(v).__name__ for k, v in vars(node).items()},
-                "symints": _safe(lambda: [repr(s) for s in node.symints]),
-                "symints_type": type(node.symints).__name__,
-                "opaque": _safe(lambda: [type(s).__name__ for s in node.opaque_objects]),
-                "n_saved": _safe(lambda: len(node.saved_tensors)),
-                "n_no_vc": _safe(lambda: len(node._tensors_no_vc_check)),
-                "saved_shapes": _safe(lambda: [tuple(t.shape) for t in node.saved_tensors]),
-                "saved_dynamic_dims": _safe(
-                    lambda: [D._dyn(t) for t in (*node.saved_tensors,
-                                                 *node._tensors_no_vc_check)]
-                ),
-                "n_raw_saved": len(node._raw_saved_tensors),
-                "needs_input_grad": node.needs_input_grad,
-                "materialize_non_diff": node._materialize_non_diff_grads,
-                "non_differentiable": repr(node.non_differentiable),
-                "to_save": repr(node.to_save),
-                "key_types": (
-                    [type(k).__name__ for k in key] if isinstance(key, tuple) else key
-                ),
-                "key_len": len(key) if isinstance(key, tuple) else None,
-            }
-        )
+        rec = {
+            "name": node.name(),
+            "type_name": type(node).__name__,
+            "symints": _safe(lambda: [repr(s) for s in node.symints]),
+            "symints_type": type(node.symints).__name__,
+            "opaque": _safe(lambda: [type(s).__name__ for s in node.opaque_objects]),
+            "n_saved": _safe(lambda: len(node.saved_tensors)),
+            "n_no_vc": _safe(lambda: len(node._tensors_no_vc_check)),
+            "saved_shapes": _safe(lambda: [tuple(t.shape) for t in node.saved_tensors]),
+            "saved_dynamic_dims": _safe(
+                lambda: [D._dyn(t) for t in (*node.saved_tensors, *node._tensors_no_vc_check)]
+            ),
+            "materialize_non_diff": node._materialize_non_diff_grads,
+            "non_differentiable": repr(node.non_differentiable),
+            "to_save": repr(node.to_save),
+        }
+        if python_ctx:
+            cls = node._forward_cls
+            key = _safe(cls._compiled_autograd_key, node)
+            rec.update(
+                {
+                    "vars": {k: type(v).__name__ for k, v in vars(node).items()},
+                    "n_raw_saved": len(node._raw_saved_tensors),
+                    "needs_input_grad": node.needs_input_grad,
+                    "key_types": (
+                        [type(k).__name__ for k in key] if isinstance(key, tuple) else key
+                    ),
+                    "key_len": len(key) if isinstance(key, tuple) else None,
+                }
+            )
+        recs.append(rec)
     return recs
 
 
@@ -321,11 +376,14 @@ def run_program(
     allow_fallback: str | None = None,
     after_call: Callable | None = None,
     config: Callable | None = None,
+    cpp_node: bool = True,
 ) -> Result:
     """Compile ``fn`` (on its first call, inside the runtime switch), call it
     ``calls`` times on fresh inputs; each call: the forward, ``ctx_record`` of
     the outputs, then ``backward(outs, inputs)`` (its result or its
-    exception), all observed by ``_differential.observe_call``."""
+    exception), all observed by ``_differential.observe_call``. ``cpp_node``:
+    whether the "on" run's CompiledFunction nodes are the C++ node (where
+    the C++ part is loaded), or upstream's (a program it declines)."""
     torch._dynamo.reset()
     res = Result(use_c)
     recorder = bw_compiler_factory() if bw_compiler_factory is not None else None
@@ -344,7 +402,7 @@ def run_program(
 
             def call(args, inputs=inputs):
                 outs = compiled(*args)
-                classes = check_classes(outs, use_c)
+                classes = check_classes(outs, use_c, cpp_node=cpp_node)
                 for c in classes:
                     if c not in res.classes:
                         res.classes.append(c)

@@ -1295,13 +1295,22 @@ def test_forward_backward_introspection(aspect):
 
 
 def test_compiled_autograd_key():
+    """The key compiled autograd reads from a CompiledFunction node. The C++
+    node does not have one: a forward while compiled autograd is enabled
+    gets upstream's node (counted), which has."""
+    from torch._dynamo import compiled_autograd
+
     keys = {}
     for use_c in (False, True):
         torch._dynamo.reset()
+        before = T.node_stats()
         with T.c_runtime(use_c):
             g = torch.compile(f_dynamic, backend="aot_eager", dynamic=True, fullgraph=True)
-            out = g(leaf(5, 3), leaf(3))
-        (cls,) = T.check_classes(out, use_c, expect=1)
+            with compiled_autograd._enable(torch.compile(backend="eager")):
+                out = g(leaf(5, 3), leaf(3))
+        if use_c and T.cpp_node_in_use():
+            assert T.node_stats_delta(before) == {"compiled autograd enabled": 1}
+        (cls,) = T.check_classes(out, use_c, expect=1, cpp_node=False)
         key = cls._compiled_autograd_key(out[0].grad_fn)
         assert isinstance(key, tuple) and all(type(k) is int for k in key), key
         keys[use_c] = (len(key), key[1:])
@@ -1621,8 +1630,13 @@ def dead_wrapper(*shape):
 
 def test_dead_functorch_wrapper_input():
     """An argument that is a dead functorch wrapper: Function.apply unwraps
-    it (unwrap_dead_wrappers) before the forward; FunctionApply too."""
-    differential(f_plain, lambda: (dead_wrapper(3, 4), leaf(3, 4)))
+    it (unwrap_dead_wrappers) before the forward; FunctionApply too (the
+    C++ node declines a functorch wrapper and counts it)."""
+    before = T.node_stats()
+    differential(f_plain, lambda: (dead_wrapper(3, 4), leaf(3, 4)), cpp_node=False)
+    if T.cpp_node_in_use():
+        declined = T.node_stats_delta(before)
+        assert declined == {"tensor subclass, functorch, functional or nested input": 2}, declined
 
 
 @pytest.mark.parametrize("transform", ["grad", "vmap"])
@@ -1710,7 +1724,8 @@ def test_compiled_autograd_backward_state():
         with T.c_runtime(use_c):
             with compiled_autograd._enable(torch.compile(backend="aot_eager")):
                 out = torch.compile(f, backend="aot_eager")(x, w)
-                classes = T.check_classes(out, use_c, expect=1)
+                # a BackwardState input: never the C++ node (decided at build)
+                classes = T.check_classes(out, use_c, expect=1, cpp_node=False)
                 state = out.grad_fn._compiled_autograd_backward_state
                 out.backward()
         results[use_c] = (D.TensorValue(x.grad), D.TensorValue(w.grad), len(classes),

@@ -125,7 +125,9 @@ def test_stats_snapshot_and_reset():
         "fallback_reasons": {},
         "torch": expected_torch,
         "cpp": torch_aot_rt.stats()["cpp"],  # not a counter either (test_cpp.py checks it)
+        "cpp_node": {k: 0 for k in torch_aot_rt.stats()["cpp_node"]},
     }
+    assert "taken" in torch_aot_rt.stats()["cpp_node"]
     _compile_and_call()
     assert torch_aot_rt.stats()["runtime_wrappers"] == 1
 

@@ -89,7 +89,9 @@ def stats() -> dict:
     ``TORCH_AOT_RT_UNVERIFIED=1`` opt-in (None before the C path is enabled).
     ``cpp``: the C++ part's module when the C core uses it, else None and the
     reason (not built for this torch, built against another, or
-    ``TORCH_AOT_RT_CPP=0``).
+    ``TORCH_AOT_RT_CPP=0``). ``cpp_node``: calls of C CompiledFunctions by
+    the C++ autograd node's decision: ``taken``, or the reason upstream's
+    ``Function.apply`` ran instead (all zero without the C++ part).
     """
     from . import _patch
 
@@ -104,7 +106,14 @@ def stats() -> dict:
     }
     cpp_module, cpp_reason = _patch.cpp()
     out["cpp"] = {"module": cpp_module, "reason": cpp_reason}
+    out["cpp_node"] = _node_stats()
     return out
+
+
+def _node_stats(reset: bool = False) -> dict:
+    from . import _C
+
+    return _C._node_stats(reset)
 
 
 def reset_stats() -> None:
@@ -112,6 +121,7 @@ def reset_stats() -> None:
         for key in ("runtime_wrappers", "autograd_functions", "fallbacks"):
             _counters[key] = 0
         _counters["fallback_reasons"] = {}
+        _node_stats(reset=True)
 
 
 if os.environ.get("TORCH_AOT_RT", "1").strip().lower() not in ("0", "false", "off", "no"):

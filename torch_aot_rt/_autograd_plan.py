@@ -166,6 +166,22 @@ def _backward_plan(cls, spec, rng_state, backward_compiler, release) -> dict:
     )
 
 
+def _node_allowed(cls, spec) -> bool:
+    """Whether calls may take the C++ autograd node (csrc/cpp/compiled_node.cpp),
+    decided at build: the class's backward takes the grads boxed (the node
+    calls it as upstream's apply_boxed does); not for a graph whose backward
+    needs compiled autograd (a BackwardState input), nor while Dynamo is set
+    to trace backwards with it. The rest is decided per call, where the C++
+    part is loaded."""
+    import torch._dynamo.config as dynamo_config
+
+    return (
+        getattr(cls, "boxed_grads_call", False) is True
+        and not spec.backward_state_indices
+        and not dynamo_config.compiled_autograd
+    )
+
+
 def install_c_function(cls, spec, release):
     """Give ``cls`` C forward/backward; return the C boxed ``apply``.
 
@@ -198,7 +214,11 @@ def install_c_function(cls, spec, release):
             upstream=upstream_backward,
             **_backward_plan(cls, spec, rng_state, backward_compiler, release),
         )
-        apply = _C.FunctionApply(cls, apply_is_base=release.function_apply_is_base)
+        apply = _C.FunctionApply(
+            cls,
+            apply_is_base=release.function_apply_is_base,
+            node=_node_allowed(cls, spec),
+        )
     except (AttributeError, KeyError) as e:
         raise Unsupported(f"CompiledFunction: torch internals differ: {e!r}") from None
     # Function-like identity (name, qualname, signature via __wrapped__) of the

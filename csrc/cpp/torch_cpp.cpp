@@ -15,6 +15,7 @@
 #include <c10/core/GradMode.h>
 
 #include "../torch_cpp_api.h"
+#include "compiled_node.h"
 
 namespace {
 
@@ -48,9 +49,15 @@ const rt_cpp_api api = {
     set_grad_enabled,
     view_replay_enabled,
     set_view_replay_enabled,
+    rt_node_apply,
+    rt_node_check,
+    rt_node_maybe_clear_saved,
 };
 
 int module_exec(PyObject* module) {
+  if (rt_node_type_init() < 0) {
+    return -1;
+  }
   PyObject* capsule = PyCapsule_New(
       const_cast<rt_cpp_api*>(&api), RT_CPP_CAPSULE_NAME, nullptr);
   if (capsule == nullptr) {

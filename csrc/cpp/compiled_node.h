@@ -1,0 +1,14 @@
+// compiled_node.h: what torch_cpp.cpp puts in the rt_cpp_api table from
+// compiled_node.cpp (CompiledFunction's autograd node). See torch_cpp_api.h.
+#pragma once
+
+#include <Python.h>
+
+// Arguments passed on the C stack up to this many (more: a heap vector)
+#define RT_NODE_STACK_ARGS 16
+
+PyObject* rt_node_apply(PyObject* cls, PyObject* args, int* declined) noexcept;
+int rt_node_check(PyObject* obj) noexcept;
+int rt_node_maybe_clear_saved(PyObject* ctx) noexcept;
+// Readies and registers the node's Python type (once per process).
+int rt_node_type_init(void) noexcept;
