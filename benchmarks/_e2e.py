@@ -118,10 +118,13 @@ def _run(fn, x, backward: bool):
             return fn(x)
 
         return run
-    g = torch.ones_like(fn(x))
+    g: list = []  # ones like the output, made at the first call (inside its context)
 
     def run():
-        fn(x).backward(g)
+        out = fn(x)
+        if not g:
+            g.append(torch.ones_like(out))
+        out.backward(g[0])
 
     return run
 

@@ -115,14 +115,21 @@ def inner_toggle(helper: str, case_names, calls: int, e2e: bool, function: bool)
             if case.c_note:
                 notes[f"{group}:{name}"] = case.c_note
             ctx = context or case.context
-            for variant in case.available():
-                run = case.call(variant)
+            variants = list(case.available())
+            # the C core alone, in the same process: the "c" callable with the
+            # C core's C++ routes switched off (where the C++ part is loaded)
+            if "c" in variants and _cases._C is not None and _cases._C._set_cpp_routes(True):
+                variants.append("c_core")
+            for variant in variants:
+                run = case.call("c" if variant == "c_core" else variant)
+                _cases._C is not None and _cases._C._set_cpp_routes(variant != "c_core")
                 with ctx():
                     _loop(run, 50)  # warm, now with instrumentation on
                     for n in (0, calls):
                         lib.cg_zero()
                         _loop(run, n)
                         lib.cg_dump(f"{group}|{name}|{variant}|{n}".encode())
+                _cases._C is not None and _cases._C._set_cpp_routes(True)
     lib.cg_stop()
     gc.enable()
     print("CG_NOTES " + json.dumps(notes), flush=True)
@@ -228,15 +235,21 @@ def measure_whole(case_names, calls):
 
 
 def _table(title, per_call, group, names, variants, base):
+    """One row per configuration: base, upstream, C; their overheads and
+    ratio; and where measured (the C++ part loaded), the C core alone
+    ("C core": the C++ routes switched off in the same process)."""
     def f(x, w=9, p=0):
         return "n/a".rjust(w) if x is None else f"{x:{w}.{p}f}"
 
     print(title)
     width = max([22] + [len(n) + 1 for n in names])
+    core = any((group, n, "c_core") in per_call for n in names)
     cols = (
         f"{'configuration':<{width}}{base:>9}{'upstream':>10}{'C':>9}"
         f"{'ovh up':>9}{'ovh C':>9}{'ratio':>8}"
     )
+    if core:
+        cols += f"{'C core':>9}{'ovh core':>9}{'ratio':>8}"
     print(cols)
     print("-" * len(cols))
     for name in names:
@@ -244,7 +257,12 @@ def _table(title, per_call, group, names, variants, base):
         ou = None if u is None or d is None else u - d
         oc = None if c is None or d is None else c - d
         ratio = None if oc is None or not ou else oc / ou
-        print(f"{name:<{width}}{f(d)}{f(u, 10)}{f(c)}{f(ou)}{f(oc)}{f(ratio, 8, 3)}")
+        line = f"{name:<{width}}{f(d)}{f(u, 10)}{f(c)}{f(ou)}{f(oc)}{f(ratio, 8, 3)}"
+        if core:
+            k = per_call.get((group, name, "c_core"))
+            ok = None if k is None or d is None else k - d
+            line += f"{f(k)}{f(ok)}{f(None if ok is None or not ou else ok / ou, 8, 3)}"
+        print(line)
 
 
 def report(cases=None, calls: int = 2000, e2e: bool = True, function: bool = True,

@@ -273,8 +273,8 @@ backward_impl(CompiledBackward *self, PyObject *ctx, PyObject *all_args)
         return NULL;
     }
     /* ctx.maybe_clear_saved_tensors(): _FunctionBase's, or the C++ node's */
-    if (st->cpp != NULL && st->cpp->node_check(ctx)) {
-        if (st->cpp->node_maybe_clear_saved(ctx) < 0) {
+    if (st->cpp_loaded != NULL && st->cpp_loaded->node_check(ctx)) {
+        if (st->cpp_loaded->node_maybe_clear_saved(ctx) < 0) {
             return NULL;
         }
     }

@@ -65,7 +65,24 @@ node_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* Benchmarks only: route calls through the C++ part (True) or not (False),
+ * keeping it loaded, so that one process measures both. */
+static PyObject *
+set_cpp_routes(PyObject *module, PyObject *flag)
+{
+    int on = PyObject_IsTrue(flag);
+    if (on < 0) {
+        return NULL;
+    }
+    rt_state *st = PyModule_GetState(module);
+    st->cpp = on ? st->cpp_loaded : NULL;
+    return PyBool_FromLong(st->cpp_loaded != NULL);
+}
+
 static PyMethodDef module_methods[] = {
+    {"_set_cpp_routes", set_cpp_routes, METH_O,
+     PyDoc_STR("_set_cpp_routes(flag) -> whether the C++ part is loaded\nBenchmarks only: "
+               "the C core uses the C++ part (True) or runs alone (False).")},
     {"_node_stats", (PyCFunction)(void (*)(void))node_stats, METH_FASTCALL,
      PyDoc_STR("_node_stats(reset=False)\nCompiledFunction calls by the C++ node's decision: "
                "'taken', or why upstream's Function.apply ran; reset zeroes the counts.")},

@@ -213,7 +213,7 @@ static int
 bind_cpp(rt_state *st, PyObject *capsule)
 {
     Py_CLEAR(st->cpp_capsule);
-    st->cpp = NULL;
+    st->cpp = st->cpp_loaded = NULL;
     if (capsule == Py_None) {
         return 0;
     }
@@ -227,7 +227,7 @@ bind_cpp(rt_state *st, PyObject *capsule)
         return -1;
     }
     st->cpp_capsule = Py_NewRef(capsule);
-    st->cpp = api;
+    st->cpp = st->cpp_loaded = api;
     return 0;
 }
 
@@ -364,7 +364,7 @@ rt_state_clear(rt_state *st)
         Py_CLEAR(st->parameter_methods[m]);
         Py_CLEAR(st->method_names[m]);
     }
-    st->cpp = NULL; /* its capsule was cleared above */
+    st->cpp = st->cpp_loaded = NULL; /* its capsule was cleared above */
     st->bound = 0;
 }
 

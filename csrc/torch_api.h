@@ -43,6 +43,9 @@ typedef struct rt_state {
      * capsule owns the pointer's lifetime. */
     const rt_cpp_api *cpp;
     PyObject *cpp_capsule;
+    /* The same table while cpp is switched off for a same-run comparison
+     * (_C._set_cpp_routes): nodes it made still need their own calls. */
+    const rt_cpp_api *cpp_loaded;
 
     /* grad mode, view replay (torch._C) */
     PyObject *is_grad_enabled;
