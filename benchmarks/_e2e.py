@@ -13,6 +13,7 @@ tensor of ones): the compiled forward and backward, both through
 The ``mlp_training_step`` row does the same for the loss of a small MLP
 (Linear 16→32, ReLU, Linear 32→8, sum; parameters require grad, the input
 does not): a training step's forward and backward, without the optimizer.
+The ``inductor_*`` rows are the two training rows compiled by inductor.
 """
 
 from __future__ import annotations
@@ -78,10 +79,21 @@ ROWS: dict[
     ),
 }
 
+# The two training rows again, compiled by inductor (the backend users run):
+# its kernels differ from eager's, so "overhead over eager" there includes what
+# the fused kernels save, alike for upstream and C.
+ROWS["inductor_requires_grad_backward"] = ROWS["requires_grad_backward"]
+ROWS["inductor_mlp_training_step"] = ROWS["mlp_training_step"]
+
 # row -> (function, input shape); rows not listed: one_op on a 4-vector
 FUNCTIONS: dict[str, tuple[Callable, tuple[int, ...]]] = {
     "mlp_training_step": (mlp_loss, (4, 16)),
+    "inductor_mlp_training_step": (mlp_loss, (4, 16)),
 }
+
+
+def backend_of(row: str) -> str:
+    return "inductor" if row.startswith("inductor_") else "aot_eager"
 
 
 def _fresh_copy(fn, tag: str):
@@ -130,12 +142,22 @@ def _run(fn, x, backward: bool):
 
 
 def _compile(tag: str, flag: bool | None, x, context, warmup: int, backward=False,
-             fn=one_op):
+             fn=one_op, backend="aot_eager"):
     """Compile a fresh copy of ``fn`` with the C runtime on (flag True), off
     (False), or without torch_aot_rt installed (None); return (fn, stats delta).
     With ``backward``, the warm-up calls also run the backward (compiling it)."""
     rt = _cases.torch_aot_rt
-    compiled = torch.compile(_fresh_copy(fn, tag), backend="aot_eager", fullgraph=True)
+    if backend == "inductor":
+        # AVX2 kernels (x86-64-v3, 256-bit vectors) on every machine: valgrind
+        # (callgrind.py) cannot run AVX-512 code, which -march=native emits here
+        import platform
+
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.simdlen = 256
+        if platform.machine() == "x86_64":
+            inductor_config.cpp.march = "x86-64-v3"
+    compiled = torch.compile(_fresh_copy(fn, tag), backend=backend, fullgraph=True)
     switch = contextlib.nullcontext() if flag is None else rt.enabled(flag)
     before = rt.stats() if rt is not None and flag is not None else None
     run = _run(compiled, x, backward)
@@ -162,12 +184,14 @@ def build_e2e_case(name: str, *, warmup: int = 5) -> E2ECase:
     case.fns["eager"] = fn
     have_c = _cases._C is not None
     case.fns["upstream"], _ = _compile(
-        f"{name}_upstream", False if have_c else None, x, context, warmup, backward, fn
+        f"{name}_upstream", False if have_c else None, x, context, warmup, backward, fn,
+        backend_of(name),
     )
     if not have_c:
         case.c_note = _cases.C_UNAVAILABLE
     else:
-        compiled, delta = _compile(f"{name}_c", True, x, context, warmup, backward, fn)
+        compiled, delta = _compile(f"{name}_c", True, x, context, warmup, backward, fn,
+                                   backend_of(name))
         case.c_stats = delta
         # with grads, the C CompiledFunction must have been built too
         need_fn = 1 if requires_grad or backward else 0

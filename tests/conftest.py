@@ -47,6 +47,13 @@ except ImportError as e:  # pragma: no cover - a broken build
 import _differential as D  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# The CUDA CI job (.github/workflows/ci.yml) sets this: a runner whose torch
+# cannot see a GPU must fail, not pass with the CPU cases alone.
+if os.environ.get("TORCH_AOT_RT_REQUIRE_CUDA", "") == "1" and "cuda" not in DEVICES:
+    raise pytest.UsageError(
+        "TORCH_AOT_RT_REQUIRE_CUDA=1, but torch.cuda.is_available() is False "
+        f"(torch {torch.__version__})"
+    )
 
 
 def pytest_configure(config):
