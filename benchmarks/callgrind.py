@@ -15,7 +15,8 @@ torch is not simulated), and inside:
   setup); subtracting it leaves the calls alone.
 
 Groups: the runtime wrapper alone (``_cases.py``), CompiledFunction alone
-(``_function.py``; ``--no-function`` skips it) and end to end (``_e2e.py``;
+(``_function.py``) and the other per-call layers alone (``_layers.py``;
+``--no-function`` skips both) and end to end (``_e2e.py``;
 ``--no-e2e``). With ``--keep DIR`` the dump files stay in DIR (one per
 configuration, variant and n; the label is in each file's ``desc: Trigger``
 line), so that ``callgrind_annotate --inclusive=yes FILE`` shows where a
@@ -102,6 +103,10 @@ def inner_toggle(helper: str, case_names, calls: int, e2e: bool, function: bool)
         groups.append(
             ("function", _function.build_function_cases(), contextlib.nullcontext)
         )
+    if function:
+        from benchmarks import _layers
+
+        groups.append(("layers", _layers.build_layer_cases(), contextlib.nullcontext))
     if e2e:
         from benchmarks import _e2e
 
@@ -294,6 +299,11 @@ def report(cases=None, calls: int = 2000, e2e: bool = True, function: bool = Tru
 
         _table("-- CompiledFunction alone (fw: boxed apply; fw+bw: + torch.autograd.backward) --",
                per_call, "function", list(_function.ROWS), _function.VARIANTS, "direct")
+    if function:
+        from benchmarks import _layers
+
+        _table("-- AOTAutograd's other per-call layers, called alone --",
+               per_call, "layers", list(_layers.ROWS), _layers.VARIANTS, "direct")
     if e2e:
         from benchmarks import _e2e
 

@@ -50,6 +50,7 @@ extern PyType_Spec CompiledForward_spec;
 extern PyType_Spec CompiledBackward_spec;
 extern PyType_Spec BackwardThunk_spec;
 extern PyType_Spec ApplyBoxed_spec;
+extern PyType_Spec SavedHooksGuard_spec;
 
 #define DEFINE_DEALLOC(Type, extra)                                          \
     static void Type##_dealloc(Type *self)                                   \

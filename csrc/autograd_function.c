@@ -1,6 +1,7 @@
 /* autograd_function.c: the CompiledFunction types' shared plumbing and
- * their registration. The types live in function_apply.c, compiled_forward.c
- * and compiled_backward.c.
+ * their registration (with the other function-like type that shares their
+ * head, saved_hooks_guard.c's SavedHooksGuard). The types live in
+ * function_apply.c, compiled_forward.c and compiled_backward.c.
  *
  * Together they mirror, in runtime_wrappers.py: Function.apply's Python layer for the
  * class; _codegen_compiled_forward with _AutogradSavedState.save_from_forward
@@ -156,6 +157,7 @@ rt_autograd_types_init(PyObject *module, rt_state *st)
         {&CompiledBackward_spec, &st->CompiledBackwardType},
         {&BackwardThunk_spec, &st->BackwardThunkType},
         {&ApplyBoxed_spec, &st->ApplyBoxedType},
+        {&SavedHooksGuard_spec, &st->SavedHooksGuardType},
     };
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         *types[i].slot = (PyTypeObject *)PyType_FromModuleAndSpec(module, types[i].spec, NULL);

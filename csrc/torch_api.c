@@ -182,6 +182,8 @@ bind_autograd(rt_state *st, const rt_release_names *names)
     BIND(OpaqueBase, RW, names->opaque_base);
     BIND(weakref_ref, "weakref", "ref");
     BIND(compiled_autograd, "torch._dynamo.compiled_autograd", NULL);
+    BIND(top_saved_hooks, "torch._C._autograd", "_top_saved_tensors_default_hooks");
+    BIND(GraphModule, "torch.fx", "GraphModule");
     Py_CLEAR(st->external_objects);
     if (names->external_objects != NULL) {
         BIND(external_objects, RW, names->external_objects);
@@ -330,6 +332,7 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
     X(process_runtime_tangent) X(coerce_memory_format)                    \
     X(call_func_at_runtime) X(is_opaque_type) X(OpaqueBase) X(external_objects) X(weakref_ref) \
     X(compiled_autograd) X(str_compiled_autograd_enabled) \
+    X(SavedHooksGuardType) X(top_saved_hooks) X(GraphModule) \
     X(str_external_objects) X(str_copy) X(str_to_save) \
     X(str_non_differentiable) X(str_materialize_non_diff_grads)           \
     X(str_tensors_no_vc_check) X(str_symints) X(str_opaque_objects)       \

@@ -94,6 +94,7 @@ typedef struct rt_state {
     PyTypeObject *CompiledBackwardType;
     PyTypeObject *BackwardThunkType;
     PyTypeObject *ApplyBoxedType;
+    PyTypeObject *SavedHooksGuardType;    /* saved_hooks_guard.c */
     PyObject *FunctionBase;               /* torch._C._FunctionBase */
     PyObject *function_base_apply;        /* its `apply` classmethod descriptor */
     PyObject *maybe_clear_saved_tensors;  /* _FunctionBase.maybe_clear_saved_tensors */
@@ -127,6 +128,9 @@ typedef struct rt_state {
      * read per call for compiled_autograd_enabled, and per-call counts of
      * CompiledFunction calls by node decision (RT_NODE_TAKEN or why not). */
     PyObject *compiled_autograd;          /* torch._dynamo.compiled_autograd */
+    /* Dynamo's saved-tensor-hooks guard (saved_hooks_guard.c) */
+    PyObject *top_saved_hooks;            /* torch._C._autograd._top_saved_tensors_default_hooks */
+    PyObject *GraphModule;                /* torch.fx.GraphModule */
     PyObject *str_compiled_autograd_enabled;
     Py_ssize_t node_counts[RT_NODE_N_DECLINED];
 

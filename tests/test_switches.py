@@ -121,6 +121,7 @@ def test_stats_snapshot_and_reset():
     assert torch_aot_rt.stats() == {
         "runtime_wrappers": 0,
         "autograd_functions": 0,
+        "guards": 0,
         "fallbacks": 0,
         "fallback_reasons": {},
         "torch": expected_torch,

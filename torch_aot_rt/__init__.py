@@ -26,6 +26,7 @@ _state = {"enabled": False}
 _counters: dict = {
     "runtime_wrappers": 0,
     "autograd_functions": 0,
+    "guards": 0,
     "fallbacks": 0,
     "fallback_reasons": {},
 }
@@ -82,7 +83,8 @@ def stats() -> dict:
     """Counters since import (or :func:`reset_stats`): a snapshot copy.
 
     ``runtime_wrappers``: C runtime wrappers built; ``autograd_functions``: C
-    CompiledFunction classes built; ``fallbacks``: builds that went to upstream,
+    CompiledFunction classes built; ``guards``: Dynamo saved-tensor-hooks
+    guards built with the C check; ``fallbacks``: builds that went to upstream,
     with ``fallback_reasons`` mapping each reason to its count. ``torch``: the
     installed version, the verified release whose semantics the C path uses
     (None: every compile falls back), and whether that is by the
@@ -118,7 +120,7 @@ def _node_stats(reset: bool = False) -> dict:
 
 def reset_stats() -> None:
     with _lock:
-        for key in ("runtime_wrappers", "autograd_functions", "fallbacks"):
+        for key in ("runtime_wrappers", "autograd_functions", "guards", "fallbacks"):
             _counters[key] = 0
         _counters["fallback_reasons"] = {}
         _node_stats(reset=True)

@@ -1,5 +1,6 @@
 """The one place that names torch internals: installs our builders in place of
-upstream's ``_create_runtime_wrapper`` and ``AOTDispatchAutograd.post_compile``.
+upstream's ``_create_runtime_wrapper``, ``AOTDispatchAutograd.post_compile`` and
+(through ``_guards``) Dynamo's ``GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS``.
 
 ``RuntimeWrapper.post_compile`` looks ``_create_runtime_wrapper`` up as a module
 global on every compile, and it is the single place that ``torch.compile``,
@@ -133,6 +134,11 @@ def install() -> None:
         _installed["ours"] = _create_runtime_wrapper
         rw._create_runtime_wrapper = _create_runtime_wrapper
 
+        # Dynamo's saved-tensor-hooks guard, built per compiled frame
+        from . import _guards
+
+        _installed["guards"] = _guards.install()
+
         # AOTDispatchAutograd.post_compile builds CompiledFunction; graph_compile
         # and the AOTAutogradCache both call it through the class attribute.
         autograd = getattr(rw, "AOTDispatchAutograd", None)
@@ -158,6 +164,10 @@ def uninstall() -> None:
         rw = _runtime_wrappers_module()
         if rw._create_runtime_wrapper is _installed["ours"]:
             rw._create_runtime_wrapper = _installed["upstream"]
+        if _installed.get("guards") is not None:
+            from . import _guards
+
+            _guards.uninstall(_installed["guards"])
         ours = _installed.get("ours_post_compile")
         if ours is not None and rw.AOTDispatchAutograd.__dict__["post_compile"].__func__ is ours:
             rw.AOTDispatchAutograd.post_compile = staticmethod(

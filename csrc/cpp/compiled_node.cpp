@@ -46,6 +46,15 @@ namespace {
 using torch::autograd::Node;
 using torch::autograd::SavedVariable;
 using torch::autograd::THPCppFunction;
+using torch::autograd::THPCppFunction_input_metadata;
+using torch::autograd::THPCppFunction_metadata;
+using torch::autograd::THPCppFunction_name;
+using torch::autograd::THPCppFunction_next_functions;
+using torch::autograd::THPCppFunction_register_hook;
+using torch::autograd::THPCppFunction_register_hook_dict;
+using torch::autograd::THPCppFunction_register_prehook;
+using torch::autograd::THPCppFunction_requires_grad;
+using torch::autograd::THPCppFunction_sequence_nr;
 using torch::autograd::Variable;
 using torch::autograd::VariableInfo;
 using torch::autograd::variable_list;
@@ -260,16 +269,6 @@ variable_list CompiledFunctionNode::to_variable_list(PyObject* grads) const {
 // ---- the Python face: grad_fn -------------------------------------------
 
 PyTypeObject node_type;
-
-using torch::autograd::THPCppFunction_name;
-using torch::autograd::THPCppFunction_register_hook;
-using torch::autograd::THPCppFunction_register_hook_dict;
-using torch::autograd::THPCppFunction_register_prehook;
-using torch::autograd::THPCppFunction_sequence_nr;
-using torch::autograd::THPCppFunction_input_metadata;
-using torch::autograd::THPCppFunction_metadata;
-using torch::autograd::THPCppFunction_next_functions;
-using torch::autograd::THPCppFunction_requires_grad;
 
 CompiledFunctionNode* node_of(PyObject* self) {
   return static_cast<CompiledFunctionNode*>(
@@ -656,7 +655,6 @@ PyObject* process_outputs(const c10::intrusive_ptr<CompiledFunctionNode>& node,
 
 PyObject* rt_node_apply(PyObject* cls, PyObject* args, int* declined) noexcept {
   HANDLE_TH_ERRORS
-  *declined = RT_NODE_TAKEN;
   variable_list input_vars;
   std::vector<bool> is_variable_input;
   bool any_requires_grad = false;

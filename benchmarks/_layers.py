@@ -1,0 +1,101 @@
+"""AOTAutograd's per-call layers outside the runtime wrapper, one at a time:
+upstream's Python against torch_aot_rt's C, called directly.
+
+``saved_tensors_hooks_guard``: the lambda guard Dynamo's
+``GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS`` installs on every compiled frame
+(upstream: its Python closure; C: ``_C.SavedHooksGuard``), each built by its own
+builder (upstream's method and ours from ``torch_aot_rt/_guards.py``) on a
+stand-in builder that keeps the guard it is given, and called as the guard
+manager calls it, ``fn(x)``, with no saved-tensor hooks active. ``direct`` is an
+empty call, the loop's own cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from benchmarks import _cases  # sets the TORCH_AOT_RT=0 default, loads torch_aot_rt
+
+VARIANTS = ("direct", "upstream", "c")
+ROWS = {"saved_tensors_hooks_guard": "Dynamo's saved-tensor-hooks guard, fn(x)"}
+
+
+class _Root:
+    def __init__(self):
+        self.guards: list = []
+
+    def add_lambda_guard(self, fn, code_parts, user_stack):
+        self.guards.append(fn)
+
+
+class _Builder:
+    """What the builder methods use of a GuardBuilder."""
+
+    def __init__(self):
+        self.guard_manager = type("GuardManager", (), {})()
+        self.guard_manager.root = _Root()
+
+    def _set_guard_export_info(self, guard, code):
+        pass
+
+
+class _Guard:
+    user_stack = None
+    stack = None
+
+    def __getattr__(self, name):
+        return None
+
+
+def _built_guard(method) -> Callable:
+    builder = _Builder()
+    method(builder, _Guard())
+    (fn,) = builder.guard_manager.root.guards
+    return fn
+
+
+@dataclass
+class LayerCase:
+    name: str
+    runs: dict[str, Callable[[], Any]] = field(default_factory=dict)
+    c_note: str | None = None
+
+    def call(self, variant: str):
+        return self.runs.get(variant)
+
+    def available(self):
+        return tuple(v for v in VARIANTS if v in self.runs)
+
+
+def build_layer_cases(names=None) -> dict[str, LayerCase]:
+    cases = {}
+    for name in names or ROWS:
+        case = LayerCase(name)
+        case.runs["direct"] = lambda: None
+        rt = _cases.torch_aot_rt
+        if rt is None or _cases._C is None:
+            case.c_note = _cases.C_UNAVAILABLE
+            cases[name] = case
+            continue
+        from torch_aot_rt import _patch
+
+        _patch.install()
+        builder_cls, upstream, ours = _patch._installed["guards"]
+        up_fn = _built_guard(upstream)
+        with rt.enabled(True):
+            c_fn = _built_guard(ours)
+        if not isinstance(c_fn, _cases._C.SavedHooksGuard):
+            case.c_note = f"C guard not built: {type(c_fn).__name__}"
+        else:
+            case.runs["c"] = lambda: c_fn(None)
+        case.runs["upstream"] = lambda: up_fn(None)
+        cases[name] = case
+    return cases
+
+
+def check_c_matches_upstream(case: LayerCase) -> tuple[bool | None, str]:
+    if "c" not in case.runs:
+        return None, "no C variant"
+    a, b = case.runs["upstream"](), case.runs["c"]()
+    return (a is b), f"upstream {a!r}, c {b!r}"
