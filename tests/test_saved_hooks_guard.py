@@ -112,3 +112,28 @@ def test_same_guard_decisions_as_upstream():
     D.assert_same(off, on, "calls")
     # the guard really fails between inlineable hooks states: recompiles happened
     assert any(rec[4] != off[0][4] for rec in off), off
+
+
+def test_replaced_helpers_fall_back_counted(monkeypatch):
+    """Helpers replaced after install: upstream's builder runs (with the
+    replacement, as upstream would call it), counted with the reason."""
+    calls = []
+    original = aot_utils.top_saved_tensors_hooks
+
+    def spy():
+        calls.append(1)
+        return original()
+
+    monkeypatch.setattr(aot_utils, "top_saved_tensors_hooks", spy)
+    before = torch_aot_rt.stats()
+    with D.runtime(True):
+        torch._dynamo.reset()
+        g = torch.compile(f, backend="aot_eager")
+        g(torch.arange(4.0))
+        n = len(calls)
+        g(torch.arange(4.0))
+    after = torch_aot_rt.stats()
+    reason = "saved-tensors-hooks guard: AOTAutograd's saved-tensors-hooks helpers were replaced"
+    assert after["fallback_reasons"].get(reason, 0) > before["fallback_reasons"].get(reason, 0)
+    assert after["guards"] == before["guards"]
+    assert len(calls) > n  # upstream's guard, calling the replacement per call
