@@ -13,8 +13,8 @@
  * - CompiledFunction.compiled_fw is read when the class is built, and
  *   CompiledFunction.compiled_bw is assigned once, when the backward is first
  *   compiled, not on every backward (it never changes after);
- * - config.debug_assert is read when the class is built (the plan falls back
- *   to upstream when it is on).
+ * - config.debug_assert is read per forward only where _codegen_finalize
+ *   would check something with it (mutated inputs or aliased outputs).
  */
 #include "autograd_function.h"
 #include "autograd_common.h"

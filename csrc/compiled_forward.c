@@ -28,6 +28,14 @@ typedef struct {
     index_array unsafe_views;
     index_array aliased_outs;
     index_array non_diff;
+    /* config.debug_assert's checks in _codegen_finalize, where the graph has
+     * any (mutated inputs or aliased outputs): -1 none; else the number of
+     * mutated runtime inputs, outputs and mutated input infos, and whether
+     * outputs alias. */
+    Py_ssize_t debug_num_mutated;
+    Py_ssize_t debug_num_outputs;
+    Py_ssize_t debug_num_mut_infos;
+    bool debug_outputs_aliased;
 } CompiledForward;
 
 /* "expected all <what> to be <kind>, got types: [<types>]" */
@@ -269,6 +277,47 @@ snapshot_external_objects(rt_state *st, PyObject *ctx)
     return rt_set_attr(ctx, st->str_external_objects, snapshot);
 }
 
+/* _codegen_finalize's `if config.debug_assert:` block, read per call as
+ * upstream reads it (only for graphs where it checks anything):
+ *     user_mutated_inputs_raw = raw_returns[0:num_mutated_runtime_inps]
+ *     len(user_mutated_inputs_raw) == len(mut_inp_infos), else AssertionError
+ *     no TensorAlias in raw_returns[num_mutated_runtime_inps + num_outputs:] */
+static int
+debug_assert_checks(CompiledForward *self, PyObject *raw)
+{
+    rt_state *st = self->st;
+    PyObject *flag = PyObject_GetAttr(st->functorch_config, st->str_debug_assert);
+    int on = flag ? PyObject_IsTrue(flag) : -1;
+    Py_XDECREF(flag);
+    if (on <= 0) {
+        return on;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(raw);
+    if (self->debug_num_mutated > 0) {
+        Py_ssize_t got = self->debug_num_mutated < n ? self->debug_num_mutated : n;
+        if (got != self->debug_num_mut_infos) {
+            PyErr_Format(PyExc_AssertionError,
+                         "expected len(user_mutated_inputs_raw) == len(mut_inp_infos), "
+                         "got %zd != %zd", got, self->debug_num_mut_infos);
+            return -1;
+        }
+    }
+    if (self->debug_outputs_aliased) {
+        for (Py_ssize_t i = self->debug_num_mutated + self->debug_num_outputs; i < n; i++) {
+            int alias = PyObject_IsInstance(PyList_GET_ITEM(raw, i), st->TensorAlias);
+            if (alias < 0) {
+                return -1;
+            }
+            if (alias) {
+                PyErr_SetString(PyExc_AssertionError,
+                                "expected no TensorAlias in intermediates_raw");
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
 /* The generated _AutogradForwardEpilogue.finalize. */
 static PyObject *
 finalize_forward(CompiledForward *self, PyObject *ctx, PyObject *fw_outs)
@@ -307,6 +356,10 @@ finalize_forward(CompiledForward *self, PyObject *ctx, PyObject *fw_outs)
         }
     }
     if (m != self->non_diff.n && _PyTuple_Resize(&non_diff, m) < 0) {
+        goto fail;
+    }
+    if (self->debug_num_mutated >= 0 && debug_assert_checks(self, raw) < 0) {
+        Py_DECREF(non_diff);
         goto fail;
     }
     /* ctx.mark_non_differentiable(*non_diff) is `ctx.non_differentiable = args` */
@@ -450,6 +503,24 @@ CompiledForward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         goto fail;
     }
     self->disable_amp = disable_amp;
+    /* debug_assert=(num_mutated, num_outputs, num_mutated_input_infos, outputs_aliased) or None */
+    self->debug_num_mutated = -1;
+    if ((v = rt_plan_required(kwargs, "debug_assert")) == NULL) {
+        goto fail;
+    }
+    if (v != Py_None) {
+        int aliased = 0;
+        if (!PyArg_ParseTuple(v, "nnnp:debug_assert plan", &self->debug_num_mutated,
+                              &self->debug_num_outputs, &self->debug_num_mut_infos, &aliased)) {
+            goto fail;
+        }
+        if (self->debug_num_mutated < 0 || self->debug_num_outputs < 0 ||
+            self->debug_num_mut_infos < 0) {
+            PyErr_SetString(PyExc_ValueError, "plan: debug_assert counts must be >= 0");
+            goto fail;
+        }
+        self->debug_outputs_aliased = aliased;
+    }
     bool snapshot;
     if (rt_plan_bool(kwargs, "snapshot_external_objects", &snapshot) < 0) {
         goto fail;

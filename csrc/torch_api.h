@@ -155,6 +155,7 @@ typedef struct rt_state {
     PyObject *str_donated_buffer;
     PyObject *str_external_objects;       /* _external_objects */
     PyObject *str_copy;
+    PyObject *str_debug_assert;
     PyObject *kwnames_use_once;           /* ("saved_tensors_use_once",) */
     PyObject *kwnames_memory_format;      /* ("memory_format",) */
     PyObject *kwnames_steal_disable_amp;  /* ("steal_args", "disable_amp") */

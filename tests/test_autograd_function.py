@@ -1771,3 +1771,46 @@ def test_autograd_cache_hit_builds_c_class():
             hit_on2 = step(True, "autograd_cache_hit")
     for r in (hit_on, hit_off, miss_on, hit_off2, hit_on2):
         assert torch.equal(r[0], ref[0]) and torch.equal(r[1], ref[1])
+
+
+# ---------------------------------------------------------------------------
+# functorch.config.debug_assert: the C CompiledFunction keeps it
+
+
+def _debug_assert(flag):
+    import torch._functorch.config as functorch_config
+
+    return lambda: functorch_config.patch(debug_assert=flag)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_program_with_debug_assert(case):
+    """Every program with ``debug_assert=True`` (upstream's own tests force it
+    on): the C CompiledFunction is built (no fallback) and observes the same;
+    the checks it adds (mutated inputs, aliased outputs) pass as upstream's."""
+    fn, make_inputs, backward, check = CASES[case]
+    differential(
+        fn, make_inputs, backward=backward, bw_compiler_factory=T.RecordingBackward, calls=2,
+        config=_debug_assert(True),
+    )
+
+
+@pytest.mark.parametrize("case", ["alias_of_input", "alias_of_intermediate", "data_mutation_requires_grad"])
+@pytest.mark.parametrize("compiled_with", [False, True])
+def test_debug_assert_switched_after_compile(case, compiled_with):
+    """``debug_assert`` is read per forward, as upstream reads it: compiled
+    with it one way and called with it the other, the same results."""
+    fn, make_inputs, backward, _ = CASES[case]
+    seen = {}
+    for use_c in (False, True):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        with T.c_runtime(use_c), _debug_assert(compiled_with)():
+            g = aot_function(fn, fw_compiler=nop, bw_compiler=nop)
+            g(*D._as_inputs(make_inputs()).args)
+        with _debug_assert(not compiled_with)():
+            inputs = D._as_inputs(make_inputs())
+            seen[use_c] = D.observe_call(
+                lambda args: g(*args), inputs
+            )
+    D.assert_same(seen[False], seen[True], "call")

@@ -74,6 +74,17 @@ def _forward_plan(cls, spec, rng_state, release) -> dict:
         ),
         disable_amp=bool(spec.disable_amp),
         num_forward_returns=meta.num_forward_returns,
+        # _codegen_finalize checks these under config.debug_assert (read per call)
+        debug_assert=(
+            (
+                num_mut,
+                meta.num_outputs,
+                sum(1 for x in meta.input_info if x.mutates_data or x.mutates_metadata),
+                meta.num_outputs_aliased > 0,
+            )
+            if num_mut > 0 or meta.num_outputs_aliased > 0
+            else None
+        ),
         saved_vc=_span(meta.tensors_saved_for_backwards_with_vc_check_slice),
         saved_no_vc=_span(meta.tensors_saved_for_backwards_no_vc_check_slice),
         saved_symints=_span(meta.symints_saved_for_backwards_slice),
@@ -188,7 +199,6 @@ def install_c_function(cls, spec, release):
     Raises :class:`Unsupported` before touching ``cls`` when the C path does
     not cover this graph.
     """
-    from torch._functorch import config as functorch_config
     from torch.autograd.function import BackwardCFunction, Function
 
     from . import _C
@@ -198,8 +208,6 @@ def install_c_function(cls, spec, release):
         raise Unsupported("CompiledFunction: tensor subclass inputs or outputs")
     if meta.is_rng_op_functionalized:
         raise Unsupported("CompiledFunction: functionalized RNG ops")
-    if functorch_config.debug_assert:
-        raise Unsupported("CompiledFunction: config.debug_assert is on")
     try:
         upstream_forward = cls.__dict__["forward"].__func__
         upstream_backward = cls.__dict__["backward"].__func__
