@@ -237,5 +237,9 @@ def build_runtime_wrapper(upstream, compiled_fn, **kwargs):
     wrapper.__name__ = name
     wrapper.__qualname__ = f"_create_runtime_wrapper.<locals>.{name}"
     wrapper.__module__ = rw.__name__
+    # what upstream's codegen logs for TORCH_TRACE / tlparse, describing ours
+    from . import _trace
+
+    _trace.log_plan(plan)
     _count_built("runtime_wrappers")
     return wrapper

@@ -1,0 +1,139 @@
+"""Structured-trace artifacts (``TORCH_TRACE``, tlparse) for the C runtime wrapper.
+
+Upstream's ``_create_runtime_wrapper`` logs the Python source it generates as
+``trace_structured("artifact")`` entries (both verified releases alike):
+``output_alias_wrapper`` when the graph has aliased outputs, ``mutation_epilogue``
+when it has mutated runtime inputs, then ``runtime_wrapper_orchestration``. The C wrapper generates no
+source, so it logs, under the same names, a description of its plan: what the C
+wrapper does for that graph on each call. ``trace_structured`` calls the
+payload function only when structured tracing is on: otherwise nothing here is
+built or logged.
+"""
+
+from __future__ import annotations
+
+from ._plan import (
+    MUT_AS_STRIDED_FIRST,
+    MUT_DATA,
+    MUT_LEAF,
+    MUT_METADATA,
+    MUT_SET,
+    MUT_SKIP,
+    MUT_STREAM_ERROR,
+    OUT_ALIAS_OF_INPUT,
+    OUT_ALIAS_OF_INTERMEDIATE,
+    OUT_IS_INPUT,
+    OUT_PASS,
+)
+
+HEADER = "# torch_aot_rt: C runtime wrapper plan (torch_aot_rt._C.RuntimeWrapper), not Python source"
+
+
+def _mutation_lines(plan) -> list[str]:
+    capture = plan["capture"]
+    lines = []
+    for i, (slot, kind, flags) in enumerate(plan["mutations"]):
+        inp = f"input {capture[slot]}"
+        if kind == MUT_SKIP:
+            what = "no mutation to apply"
+        elif kind == MUT_SET:
+            what = f"{inp}.set_(updated[{i}])  (storage changed)"
+        elif kind == MUT_METADATA:
+            what = f"{inp}.as_strided_(updated[{i}]) with its size, stride, storage offset"
+        elif kind == MUT_DATA:
+            steps = []
+            if flags & MUT_AS_STRIDED_FIRST:
+                steps.append("as_strided_ to updated's metadata")
+            if flags & MUT_STREAM_ERROR:
+                steps.append("RuntimeError: mutation on an input with a user-specified stream")
+            elif flags & MUT_LEAF:
+                steps.append(f"under no_grad: {inp}.copy_(updated[{i}])  (leaf)")
+            else:
+                steps.append(f"{inp}.copy_(updated[{i}])")
+            what = "; ".join(steps)
+        else:  # pragma: no cover - plan.c rejects other kinds
+            what = f"kind {kind}"
+        lines.append(f"  mutation {i}: {what}")
+    return lines
+
+
+def _output_lines(plan) -> list[str]:
+    outputs = plan["outputs"]
+    if outputs is None:
+        return ["  outputs: returned as the graph returned them (no aliased outputs)"]
+    capture = plan["capture"]
+    lines = []
+    for i, (kind, base, unwrap_base, requires_grad, vms, replay) in enumerate(outputs):
+        how = "replaying its view functions" if replay is not None else "gen_alias_from_base"
+        if kind == OUT_PASS:
+            what = "as returned"
+        elif kind == OUT_IS_INPUT:
+            what = f"input {capture[base]} itself"
+        elif kind == OUT_ALIAS_OF_INPUT:
+            what = f"regenerated from input {capture[base]} ({how}, requires_grad={requires_grad})"
+        elif kind == OUT_ALIAS_OF_INTERMEDIATE:
+            src = f"output {base}" + (" (TensorAlias unwrapped)" if unwrap_base else "")
+            what = f"regenerated from graph {src} ({how}, requires_grad={requires_grad})"
+        else:  # pragma: no cover
+            what = f"kind {kind}"
+        lines.append(f"  output {i}: {what}")
+    return lines
+
+
+def describe(plan, artifact: str) -> str:
+    """The text of ``artifact`` for ``plan`` (a ``_plan.make_plan`` dict)."""
+    lines = [HEADER, f"# artifact: {artifact}"]
+    if artifact == "runtime_wrapper_orchestration":
+        lines.append("per call:")
+        if plan["detach"]:
+            lines.append(f"  detach inputs {list(plan['detach'])} (they never need gradients)")
+        lines.append(f"  capture inputs {list(plan['capture'])} for the epilogue")
+        if plan["bump"]:
+            lines.append(f"  bump the version counters of inputs {list(plan['bump'])}")
+        mode = (
+            "training: grad mode on and view replay on while it runs"
+            if plan["trace_joint"]
+            else "inference: grad mode off while it runs"
+        )
+        amp = "; autocast disabled" if plan["disable_amp"] else ""
+        lines.append(f"  call the compiled graph ({mode}{amp})")
+        if plan["disable_saved_tensors_hooks"]:
+            lines.append("  saved-tensor hooks disabled around the call")
+        lines.append(f"  check it returned {plan['expected_outs']} outputs")
+    if artifact in ("runtime_wrapper_orchestration", "mutation_epilogue"):
+        if plan["num_mutated"]:
+            lines.append(f"mutation epilogue ({plan['num_mutated']} mutated inputs):")
+            lines.extend(_mutation_lines(plan))
+        elif artifact == "mutation_epilogue":
+            lines.append("mutation epilogue: none")
+    if artifact in ("runtime_wrapper_orchestration", "output_alias_wrapper"):
+        lines.append("outputs:")
+        lines.extend(_output_lines(plan))
+        if plan["dynamic_dims"]:
+            lines.append(f"  dynamic dims marked on outputs {[i for i, _ in plan['dynamic_dims']]}")
+    if artifact == "runtime_wrapper_orchestration" and plan["grad_enabled_mutation"] is not None:
+        lines.append(f"  then set grad mode to {plan['grad_enabled_mutation']}")
+    return "\n".join(lines) + "\n"
+
+
+def artifacts(plan) -> list[str]:
+    """The artifact names upstream's wrapper emits for this graph, in its order
+    (``num_outputs_aliased > 0``, ``num_mutated_inp_runtime_indices > 0``)."""
+    names = []
+    if plan["outputs"] is not None:
+        names.append("output_alias_wrapper")
+    if plan["num_mutated"]:
+        names.append("mutation_epilogue")
+    names.append("runtime_wrapper_orchestration")
+    return names
+
+
+def log_plan(plan) -> None:
+    import torch._logging
+
+    for name in artifacts(plan):
+        torch._logging.trace_structured(
+            "artifact",
+            metadata_fn=lambda name=name: {"name": name, "encoding": "string"},
+            payload_fn=lambda name=name: describe(plan, name),
+        )
