@@ -6,8 +6,11 @@ upstream's Python against torch_aot_rt's C, called directly.
 (upstream: its Python closure; C: ``_C.SavedHooksGuard``), each built by its own
 builder (upstream's method and ours from ``torch_aot_rt/_guards.py``) on a
 stand-in builder that keeps the guard it is given, and called as the guard
-manager calls it, ``fn(x)``, with no saved-tensor hooks active. ``direct`` is an
-empty call, the loop's own cost.
+manager calls it, ``fn(x)``, with no saved-tensor hooks active.
+``serializable_call``: a ``SerializableCompiledFunction`` around a trivial
+function (what an AOTAutogradCache hit puts around the compiled function),
+created with the C path off (upstream's Python ``__call__``) and on (ours), called
+with one argument. ``direct`` is an empty call, the loop's own cost.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ from typing import Any, Callable
 from benchmarks import _cases  # sets the TORCH_AOT_RT=0 default, loads torch_aot_rt
 
 VARIANTS = ("direct", "upstream", "c")
-ROWS = {"saved_tensors_hooks_guard": "Dynamo's saved-tensor-hooks guard, fn(x)"}
+ROWS = {
+    "saved_tensors_hooks_guard": "Dynamo's saved-tensor-hooks guard, fn(x)",
+    "serializable_call": "SerializableCompiledFunction(f)(x)",
+}
 
 
 class _Root:
@@ -68,29 +74,51 @@ class LayerCase:
         return tuple(v for v in VARIANTS if v in self.runs)
 
 
+def _guard_runs(rt):
+    from torch_aot_rt import _patch
+
+    _patch.install()
+    builder_cls, upstream, ours = _patch._installed["guards"]
+    up_fn = _built_guard(upstream)
+    with rt.enabled(True):
+        c_fn = _built_guard(ours)
+    ok = isinstance(c_fn, _cases._C.SavedHooksGuard)
+    return (lambda: up_fn(None)), (lambda: c_fn(None)) if ok else None
+
+
+def _serializable_runs(rt):
+    import torch._functorch._aot_autograd.runtime_wrappers as rw
+
+    def trivial(x):
+        return x
+
+    with rt.enabled(False):
+        up_fn = rw.SerializableCompiledFunction(trivial, lambda: None)
+    with rt.enabled(True):
+        c_fn = rw.SerializableCompiledFunction(trivial, lambda: None)
+    ok = isinstance(type(c_fn).__dict__.get("__call__"), _cases._C.SerializableCall)
+    return (lambda: up_fn(1)), (lambda: c_fn(1)) if ok else None
+
+
+_BUILDERS = {"saved_tensors_hooks_guard": _guard_runs, "serializable_call": _serializable_runs}
+
+
 def build_layer_cases(names=None) -> dict[str, LayerCase]:
     cases = {}
     for name in names or ROWS:
         case = LayerCase(name)
         case.runs["direct"] = lambda: None
+        cases[name] = case
         rt = _cases.torch_aot_rt
         if rt is None or _cases._C is None:
             case.c_note = _cases.C_UNAVAILABLE
-            cases[name] = case
             continue
-        from torch_aot_rt import _patch
-
-        _patch.install()
-        builder_cls, upstream, ours = _patch._installed["guards"]
-        up_fn = _built_guard(upstream)
-        with rt.enabled(True):
-            c_fn = _built_guard(ours)
-        if not isinstance(c_fn, _cases._C.SavedHooksGuard):
-            case.c_note = f"C guard not built: {type(c_fn).__name__}"
+        up_run, c_run = _BUILDERS[name](rt)
+        case.runs["upstream"] = up_run
+        if c_run is None:
+            case.c_note = "C variant not built"
         else:
-            case.runs["c"] = lambda: c_fn(None)
-        case.runs["upstream"] = lambda: up_fn(None)
-        cases[name] = case
+            case.runs["c"] = c_run
     return cases
 
 
@@ -98,4 +126,4 @@ def check_c_matches_upstream(case: LayerCase) -> tuple[bool | None, str]:
     if "c" not in case.runs:
         return None, "no C variant"
     a, b = case.runs["upstream"](), case.runs["c"]()
-    return (a is b), f"upstream {a!r}, c {b!r}"
+    return (a == b), f"upstream {a!r}, c {b!r}"

@@ -67,6 +67,7 @@ rt_state_init(rt_state *st)
     INTERN(str_external_objects, "_external_objects");
     INTERN(str_copy, "copy");
     INTERN(str_debug_assert, "debug_assert");
+    INTERN(str_compiled_fn, "compiled_fn");
     INTERN(str_compiled_autograd_enabled, "compiled_autograd_enabled");
     if ((st->kwnames_use_once = Py_BuildValue("(s)", "saved_tensors_use_once")) == NULL ||
         (st->kwnames_memory_format = Py_BuildValue("(s)", "memory_format")) == NULL ||
@@ -333,8 +334,8 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
     X(process_runtime_tangent) X(coerce_memory_format)                    \
     X(call_func_at_runtime) X(is_opaque_type) X(OpaqueBase) X(external_objects) X(weakref_ref) \
     X(compiled_autograd) X(str_compiled_autograd_enabled) \
-    X(SavedHooksGuardType) X(top_saved_hooks) X(GraphModule) \
-    X(str_external_objects) X(str_copy) X(str_debug_assert) X(str_to_save) \
+    X(SavedHooksGuardType) X(SerializableCallType) X(top_saved_hooks) X(GraphModule) \
+    X(str_external_objects) X(str_copy) X(str_debug_assert) X(str_compiled_fn) X(str_to_save) \
     X(str_non_differentiable) X(str_materialize_non_diff_grads)           \
     X(str_tensors_no_vc_check) X(str_symints) X(str_opaque_objects)       \
     X(str_saved_tensors) X(str_backward_state) X(str_shape)               \

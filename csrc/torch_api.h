@@ -95,6 +95,7 @@ typedef struct rt_state {
     PyTypeObject *BackwardThunkType;
     PyTypeObject *ApplyBoxedType;
     PyTypeObject *SavedHooksGuardType;    /* saved_hooks_guard.c */
+    PyTypeObject *SerializableCallType;   /* serializable_call.c */
     PyObject *FunctionBase;               /* torch._C._FunctionBase */
     PyObject *function_base_apply;        /* its `apply` classmethod descriptor */
     PyObject *maybe_clear_saved_tensors;  /* _FunctionBase.maybe_clear_saved_tensors */
@@ -156,6 +157,7 @@ typedef struct rt_state {
     PyObject *str_external_objects;       /* _external_objects */
     PyObject *str_copy;
     PyObject *str_debug_assert;
+    PyObject *str_compiled_fn;
     PyObject *kwnames_use_once;           /* ("saved_tensors_use_once",) */
     PyObject *kwnames_memory_format;      /* ("memory_format",) */
     PyObject *kwnames_steal_disable_amp;  /* ("steal_args", "disable_amp") */

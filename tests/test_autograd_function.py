@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from functorch.compile import aot_function, nop
 
 import _differential as D
+import torch_aot_rt
 import _training as T
 from _training import differential, leaf, nonleaf
 
@@ -1750,12 +1751,18 @@ def test_autograd_cache_hit_builds_c_class():
         counters.clear()
         torch.manual_seed(0)
         x, w = torch.randn(3, 4), leaf(4, 5)
+        before = torch_aot_rt.stats()["serializable_functions"]
         with T.c_runtime(use_c):
             out = torch.compile(f, backend="inductor")(x, w)
         T.check_classes(out, use_c, expect=1)
         out.sum().backward()
         got = {k: v for k, v in counters["aot_autograd"].items() if "autograd_cache" in k}
         assert got.get(expect) == 1, got
+        # a cache hit wraps the result in a SerializableCompiledFunction: with
+        # the C path on, ours (the C __call__)
+        grew = torch_aot_rt.stats()["serializable_functions"] - before
+        if D.C_ENABLED:
+            assert grew == (1 if use_c and expect == "autograd_cache_hit" else 0), grew
         return out.detach(), w.grad
 
     with torch._functorch.config.patch(enable_autograd_cache=True), \

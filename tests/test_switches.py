@@ -122,6 +122,7 @@ def test_stats_snapshot_and_reset():
         "runtime_wrappers": 0,
         "autograd_functions": 0,
         "guards": 0,
+        "serializable_functions": 0,
         "fallbacks": 0,
         "fallback_reasons": {},
         "torch": expected_torch,

@@ -27,6 +27,7 @@ _counters: dict = {
     "runtime_wrappers": 0,
     "autograd_functions": 0,
     "guards": 0,
+    "serializable_functions": 0,
     "fallbacks": 0,
     "fallback_reasons": {},
 }
@@ -84,7 +85,8 @@ def stats() -> dict:
 
     ``runtime_wrappers``: C runtime wrappers built; ``autograd_functions``: C
     CompiledFunction classes built; ``guards``: Dynamo saved-tensor-hooks
-    guards built with the C check; ``fallbacks``: builds that went to upstream,
+    guards built with the C check; ``serializable_functions``:
+    SerializableCompiledFunctions given the C ``__call__``; ``fallbacks``: builds that went to upstream,
     with ``fallback_reasons`` mapping each reason to its count. ``torch``: the
     installed version, the verified release whose semantics the C path uses
     (None: every compile falls back), and whether that is by the
@@ -120,7 +122,8 @@ def _node_stats(reset: bool = False) -> dict:
 
 def reset_stats() -> None:
     with _lock:
-        for key in ("runtime_wrappers", "autograd_functions", "guards", "fallbacks"):
+        for key in ("runtime_wrappers", "autograd_functions", "guards", "serializable_functions",
+                    "fallbacks"):
             _counters[key] = 0
         _counters["fallback_reasons"] = {}
         _node_stats(reset=True)

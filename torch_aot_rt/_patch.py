@@ -1,6 +1,7 @@
 """The one place that names torch internals: installs our builders in place of
-upstream's ``_create_runtime_wrapper``, ``AOTDispatchAutograd.post_compile`` and
-(through ``_guards``) Dynamo's ``GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS``.
+upstream's ``_create_runtime_wrapper``, ``AOTDispatchAutograd.post_compile``,
+(through ``_guards``) Dynamo's ``GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS`` and
+(through ``_serializable``) ``SerializableCompiledFunction.__init__``.
 
 ``RuntimeWrapper.post_compile`` looks ``_create_runtime_wrapper`` up as a module
 global on every compile, and it is the single place that ``torch.compile``,
@@ -138,6 +139,10 @@ def install() -> None:
         from . import _guards
 
         _installed["guards"] = _guards.install()
+        # SerializableCompiledFunction's per-call pass-through
+        from . import _serializable
+
+        _installed["serializable"] = _serializable.install(rw)
 
         # AOTDispatchAutograd.post_compile builds CompiledFunction; graph_compile
         # and the AOTAutogradCache both call it through the class attribute.
@@ -168,6 +173,10 @@ def uninstall() -> None:
             from . import _guards
 
             _guards.uninstall(_installed["guards"])
+        if _installed.get("serializable") is not None:
+            from . import _serializable
+
+            _serializable.uninstall(_installed["serializable"])
         ours = _installed.get("ours_post_compile")
         if ours is not None and rw.AOTDispatchAutograd.__dict__["post_compile"].__func__ is ours:
             rw.AOTDispatchAutograd.post_compile = staticmethod(
