@@ -78,10 +78,10 @@ def _guard_runs(rt):
     from torch_aot_rt import _patch
 
     _patch.install()
-    builder_cls, upstream, ours = _patch._installed["guards"]
-    up_fn = _built_guard(upstream)
+    replaced = _patch._installed["guards"]
+    up_fn = _built_guard(replaced.upstream)
     with rt.enabled(True):
-        c_fn = _built_guard(ours)
+        c_fn = _built_guard(replaced.ours)
     ok = isinstance(c_fn, _cases._C.SavedHooksGuard)
     return (lambda: up_fn(None)), (lambda: c_fn(None)) if ok else None
 

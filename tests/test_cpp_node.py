@@ -21,6 +21,7 @@ from functorch.compile import aot_function, nop
 
 import _differential as D
 import _training as T
+import torch_aot_rt
 from _training import leaf
 
 pytestmark = pytest.mark.needs_c
@@ -100,13 +101,7 @@ def test_calls_counted():
         assert delta == {"taken": 4}, delta
     else:
         assert delta == {}, delta
-    assert torch_aot_rt_stats()["cpp_node"] == T.node_stats()
-
-
-def torch_aot_rt_stats():
-    import torch_aot_rt
-
-    return torch_aot_rt.stats()
+    assert torch_aot_rt.stats()["cpp_node"] == T.node_stats()
 
 
 def test_compiled_autograd_enabled_after_forward():

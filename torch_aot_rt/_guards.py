@@ -37,14 +37,14 @@ def _mismatch(upstream, aot_utils, originals) -> str | None:
     return None
 
 
-def install() -> tuple | None:
-    """Put our builder in place of upstream's; returns ``(class, upstream)``
-    for :func:`uninstall`, or None where this torch has no such guard."""
+def install():
+    """Put our builder in place of upstream's; returns the ``_patch.Replaced``
+    record, or None where this torch has no such guard."""
     import torch._dynamo.guards as guards
     import torch._functorch._aot_autograd.utils as aot_utils
 
     from . import _C, _count_built, _count_fallback, is_enabled
-    from ._patch import bind_error
+    from ._patch import bind_error, replace
 
     builder = guards.GuardBuilder
     upstream = builder.__dict__.get("AUTOGRAD_SAVED_TENSORS_HOOKS")
@@ -73,11 +73,4 @@ def install() -> tuple | None:
         )
         _count_built("guards")
 
-    builder.AUTOGRAD_SAVED_TENSORS_HOOKS = AUTOGRAD_SAVED_TENSORS_HOOKS
-    return builder, upstream, AUTOGRAD_SAVED_TENSORS_HOOKS
-
-
-def uninstall(installed) -> None:
-    builder, upstream, ours = installed
-    if builder.__dict__.get("AUTOGRAD_SAVED_TENSORS_HOOKS") is ours:
-        builder.AUTOGRAD_SAVED_TENSORS_HOOKS = upstream
+    return replace(builder, "AUTOGRAD_SAVED_TENSORS_HOOKS", AUTOGRAD_SAVED_TENSORS_HOOKS)

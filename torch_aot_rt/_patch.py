@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from typing import Any, NamedTuple
 
 _install_lock = threading.Lock()
 _installed: dict = {}
@@ -27,6 +28,28 @@ def _runtime_wrappers_module():
     import torch._functorch._aot_autograd.runtime_wrappers as rw
 
     return rw
+
+
+class Replaced(NamedTuple):
+    """A class attribute we put in place of upstream's (see :func:`replace`)."""
+
+    owner: type
+    name: str
+    upstream: Any
+    ours: Any
+
+
+def replace(owner: type, name: str, ours) -> Replaced:
+    """Set ``owner.name = ours``; the record :func:`restore` undoes."""
+    replaced = Replaced(owner, name, owner.__dict__[name], ours)
+    setattr(owner, name, ours)
+    return replaced
+
+
+def restore(replaced: Replaced) -> None:
+    """Put upstream's attribute back, unless someone replaced ours since."""
+    if replaced.owner.__dict__.get(replaced.name) is replaced.ours:
+        setattr(replaced.owner, replaced.name, replaced.upstream)
 
 
 def bind_error() -> str | None:
@@ -169,14 +192,9 @@ def uninstall() -> None:
         rw = _runtime_wrappers_module()
         if rw._create_runtime_wrapper is _installed["ours"]:
             rw._create_runtime_wrapper = _installed["upstream"]
-        if _installed.get("guards") is not None:
-            from . import _guards
-
-            _guards.uninstall(_installed["guards"])
-        if _installed.get("serializable") is not None:
-            from . import _serializable
-
-            _serializable.uninstall(_installed["serializable"])
+        for key in ("guards", "serializable"):
+            if _installed.get(key) is not None:
+                restore(_installed[key])
         ours = _installed.get("ours_post_compile")
         if ours is not None and rw.AOTDispatchAutograd.__dict__["post_compile"].__func__ is ours:
             rw.AOTDispatchAutograd.post_compile = staticmethod(

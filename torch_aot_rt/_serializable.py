@@ -31,11 +31,11 @@ def _is_pass_through(call) -> bool:
     )
 
 
-def install(rw) -> tuple | None:
-    """Wrap ``SerializableCompiledFunction.__init__``; returns what
-    :func:`uninstall` needs, or None where this torch has no such class."""
+def install(rw):
+    """Wrap ``SerializableCompiledFunction.__init__``; returns the
+    ``_patch.Replaced`` record, or None where this torch has no such class."""
     from . import _C, _count_built, _count_fallback, is_enabled
-    from ._patch import bind_error
+    from ._patch import bind_error, replace
 
     base = getattr(rw, "SerializableCompiledFunction", None)
     if base is None or "__init__" not in base.__dict__:
@@ -61,11 +61,4 @@ def install(rw) -> tuple | None:
         self.__class__ = c_cls
         _count_built("serializable_functions")
 
-    base.__init__ = __init__
-    return base, upstream_init, __init__
-
-
-def uninstall(installed) -> None:
-    base, upstream_init, ours = installed
-    if base.__dict__.get("__init__") is ours:
-        base.__init__ = upstream_init
+    return replace(base, "__init__", __init__)

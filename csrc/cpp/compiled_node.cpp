@@ -60,6 +60,8 @@ using torch::autograd::VariableInfo;
 using torch::autograd::variable_list;
 
 const char kNodeName[] = "CompiledFunctionBackward";
+// forward's arguments go on the C stack up to this many (more: a heap vector)
+constexpr Py_ssize_t kStackArgs = 16;
 PyObject* str_forward = nullptr;   // interned at rt_node_type_init
 PyObject* str_backward = nullptr;
 
@@ -690,10 +692,10 @@ PyObject* rt_node_apply(PyObject* cls, PyObject* args, int* declined) noexcept {
     }
     c10::AutoGradMode grad_mode(false);
     at::AutoFwGradMode fw_grad_mode(false);
-    PyObject* small[RT_NODE_STACK_ARGS + 1];
+    PyObject* small[kStackArgs + 1];
     std::vector<PyObject*> large;
     PyObject** stack = small;
-    if (n > RT_NODE_STACK_ARGS) {
+    if (n > kStackArgs) {
       large.resize(static_cast<size_t>(n) + 1);
       stack = large.data();
     }

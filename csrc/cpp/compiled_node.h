@@ -4,9 +4,6 @@
 
 #include <Python.h>
 
-// Arguments passed on the C stack up to this many (more: a heap vector)
-#define RT_NODE_STACK_ARGS 16
-
 PyObject* rt_node_apply(PyObject* cls, PyObject* args, int* declined) noexcept;
 int rt_node_check(PyObject* obj) noexcept;
 int rt_node_maybe_clear_saved(PyObject* ctx) noexcept;
