@@ -52,6 +52,7 @@ extern PyType_Spec BackwardThunk_spec;
 extern PyType_Spec ApplyBoxed_spec;
 extern PyType_Spec SavedHooksGuard_spec;
 extern PyType_Spec SerializableCall_spec;
+extern PyType_Spec ParamsPrepend_spec;
 
 #define DEFINE_DEALLOC(Type, extra)                                          \
     static void Type##_dealloc(Type *self)                                   \

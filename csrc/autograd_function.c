@@ -1,7 +1,8 @@
 /* autograd_function.c: the CompiledFunction types' shared plumbing and
  * their registration (with the other function-like types that share their
  * head: saved_hooks_guard.c's SavedHooksGuard, serializable_call.c's
- * SerializableCall). The types live in
+ * SerializableCall, params_prepend.c's ParamsPrepend, dynamo_disable.c's
+ * DisabledCall). The types live in
  * function_apply.c, compiled_forward.c and compiled_backward.c.
  *
  * Together they mirror, in runtime_wrappers.py: Function.apply's Python layer for the
@@ -160,6 +161,8 @@ rt_autograd_types_init(PyObject *module, rt_state *st)
         {&ApplyBoxed_spec, &st->ApplyBoxedType},
         {&SavedHooksGuard_spec, &st->SavedHooksGuardType},
         {&SerializableCall_spec, &st->SerializableCallType},
+        {&ParamsPrepend_spec, &st->ParamsPrependType},
+        {&DisabledCall_spec, &st->DisabledCallType},
     };
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         *types[i].slot = (PyTypeObject *)PyType_FromModuleAndSpec(module, types[i].spec, NULL);

@@ -321,6 +321,12 @@ backward_impl(CompiledBackward *self, PyObject *ctx, PyObject *all_args)
             }
         }
         self->compiled_bw_boxed = is_boxed;
+        /* the C version of its torch._dynamo.disable wrapper, where it has one;
+         * cls.compiled_bw stays upstream's */
+        Py_SETREF(compiled, rt_disable_wrapper_for(st, compiled));
+        if (compiled == NULL) {
+            return NULL;
+        }
         Py_XSETREF(self->compiled_bw, compiled);
     }
     if (keep_graph) {

@@ -86,6 +86,15 @@ static PyMethodDef module_methods[] = {
     {"_node_stats", (PyCFunction)(void (*)(void))node_stats, METH_FASTCALL,
      PyDoc_STR("_node_stats(reset=False)\nCompiledFunction calls by the C++ node's decision: "
                "'taken', or why upstream's Function.apply ran; reset zeroes the counts.")},
+    {"_bind_disable", (PyCFunction)(void (*)(void))rt_bind_disable,
+     METH_VARARGS | METH_KEYWORDS,
+     PyDoc_STR("_bind_disable(*, fn_code, fn_cell, ctx_cell, DisableContext, eval_frame, "
+               "torch, compiler, set_eval_frame, callback_from_stance, is_exporting, "
+               "skips_none_callback)\nWhat DisabledCall reads, once the shim has verified "
+               "torch._dynamo.disable's wrapper (torch_aot_rt/_disable.py).")},
+    {"_disable_stats", (PyCFunction)(void (*)(void))rt_disable_stats, METH_FASTCALL,
+     PyDoc_STR("_disable_stats(reset=False)\nCompiled backwards given the C disable wrapper "
+               "(or why not), and its calls by path; reset zeroes the counts.")},
     {"_bind_torch", (PyCFunction)(void (*)(void))bind_torch, METH_VARARGS | METH_KEYWORDS,
      PyDoc_STR("_bind_torch(*, opaque_type_check, opaque_base, external_objects, cpp)\n"
                "Look up the torch callables the C runtime uses (once per process), "

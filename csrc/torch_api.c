@@ -334,7 +334,7 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
     X(process_runtime_tangent) X(coerce_memory_format)                    \
     X(call_func_at_runtime) X(is_opaque_type) X(OpaqueBase) X(external_objects) X(weakref_ref) \
     X(compiled_autograd) X(str_compiled_autograd_enabled) \
-    X(SavedHooksGuardType) X(SerializableCallType) X(top_saved_hooks) X(GraphModule) \
+    X(SavedHooksGuardType) X(SerializableCallType) X(ParamsPrependType) X(DisabledCallType) X(top_saved_hooks) X(GraphModule) \
     X(str_external_objects) X(str_copy) X(str_debug_assert) X(str_compiled_fn) X(str_to_save) \
     X(str_non_differentiable) X(str_materialize_non_diff_grads)           \
     X(str_tensors_no_vc_check) X(str_symints) X(str_opaque_objects)       \
@@ -355,7 +355,7 @@ rt_state_traverse(rt_state *st, visitproc visit, void *arg)
         Py_VISIT(st->parameter_methods[m]);
         Py_VISIT(st->method_names[m]);
     }
-    return 0;
+    return rt_disable_traverse(&st->disable, visit, arg);
 }
 
 void
@@ -369,6 +369,7 @@ rt_state_clear(rt_state *st)
         Py_CLEAR(st->parameter_methods[m]);
         Py_CLEAR(st->method_names[m]);
     }
+    rt_disable_clear(&st->disable);
     st->cpp = st->cpp_loaded = NULL; /* its capsule was cleared above */
     st->bound = 0;
 }

@@ -18,6 +18,7 @@
 #include <Python.h>
 #include <stdbool.h>
 
+#include "dynamo_disable.h"
 #include "torch_cpp_api.h"
 
 /* Tensor methods the epilogue calls, looked up on the class once. */
@@ -96,6 +97,8 @@ typedef struct rt_state {
     PyTypeObject *ApplyBoxedType;
     PyTypeObject *SavedHooksGuardType;    /* saved_hooks_guard.c */
     PyTypeObject *SerializableCallType;   /* serializable_call.c */
+    PyTypeObject *ParamsPrependType;      /* params_prepend.c */
+    PyTypeObject *DisabledCallType;       /* dynamo_disable.c */
     PyObject *FunctionBase;               /* torch._C._FunctionBase */
     PyObject *function_base_apply;        /* its `apply` classmethod descriptor */
     PyObject *maybe_clear_saved_tensors;  /* _FunctionBase.maybe_clear_saved_tensors */
@@ -134,6 +137,8 @@ typedef struct rt_state {
     PyObject *GraphModule;                /* torch.fx.GraphModule */
     PyObject *str_compiled_autograd_enabled;
     Py_ssize_t node_counts[RT_NODE_N_DECLINED];
+    /* torch._dynamo.disable's wrapper (dynamo_disable.c) */
+    rt_disable_state disable;
 
     /* interned names and prebuilt constants */
     PyObject *str_to_save;

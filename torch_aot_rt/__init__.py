@@ -28,6 +28,7 @@ _counters: dict = {
     "autograd_functions": 0,
     "guards": 0,
     "serializable_functions": 0,
+    "params_prepends": 0,
     "fallbacks": 0,
     "fallback_reasons": {},
 }
@@ -86,7 +87,8 @@ def stats() -> dict:
     ``runtime_wrappers``: C runtime wrappers built; ``autograd_functions``: C
     CompiledFunction classes built; ``guards``: Dynamo saved-tensor-hooks
     guards built with the C check; ``serializable_functions``:
-    SerializableCompiledFunctions given the C ``__call__``; ``fallbacks``: builds that went to upstream,
+    SerializableCompiledFunctions given the C ``__call__``; ``params_prepends``:
+    ``aot_module_simplified`` forwards made C ``ParamsPrepend``s; ``fallbacks``: builds that went to upstream,
     with ``fallback_reasons`` mapping each reason to its count. ``torch``: the
     installed version, the verified release whose semantics the C path uses
     (None: every compile falls back), and whether that is by the
@@ -96,6 +98,10 @@ def stats() -> dict:
     ``TORCH_AOT_RT_CPP=0``). ``cpp_node``: calls of C CompiledFunctions by
     the C++ autograd node's decision: ``taken``, or the reason upstream's
     ``Function.apply`` ran instead (all zero without the C++ part).
+    ``dynamo_disable``: compiled backwards whose ``torch._dynamo.disable``
+    wrapper runs in C (``built``) or why not, the calls of those by path
+    (``calls in C`` or why upstream's wrapper ran), and ``unavailable``: why
+    no compiled backward gets it on this torch, or None.
     """
     from . import _patch
 
@@ -111,6 +117,8 @@ def stats() -> dict:
     cpp_module, cpp_reason = _patch.cpp()
     out["cpp"] = {"module": cpp_module, "reason": cpp_reason}
     out["cpp_node"] = _node_stats()
+    out["dynamo_disable"] = _disable_stats()
+    out["dynamo_disable"]["unavailable"] = _patch.disable_unavailable()
     return out
 
 
@@ -120,13 +128,20 @@ def _node_stats(reset: bool = False) -> dict:
     return _C._node_stats(reset)
 
 
+def _disable_stats(reset: bool = False) -> dict:
+    from . import _C
+
+    return _C._disable_stats(reset)
+
+
 def reset_stats() -> None:
     with _lock:
         for key in ("runtime_wrappers", "autograd_functions", "guards", "serializable_functions",
-                    "fallbacks"):
+                    "params_prepends", "fallbacks"):
             _counters[key] = 0
         _counters["fallback_reasons"] = {}
         _node_stats(reset=True)
+        _disable_stats(reset=True)
 
 
 if os.environ.get("TORCH_AOT_RT", "1").strip().lower() not in ("0", "false", "off", "no"):

@@ -1,7 +1,9 @@
 """The one place that names torch internals: installs our builders in place of
 upstream's ``_create_runtime_wrapper``, ``AOTDispatchAutograd.post_compile``,
-(through ``_guards``) Dynamo's ``GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS`` and
-(through ``_serializable``) ``SerializableCompiledFunction.__init__``.
+(through ``_guards``) Dynamo's ``GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS``,
+(through ``_serializable``) ``SerializableCompiledFunction.__init__`` and
+(through ``_prepend``) ``aot_autograd.simple_wraps``; and binds (through
+``_disable``) what the C version of ``torch._dynamo.disable``'s wrapper reads.
 
 ``RuntimeWrapper.post_compile`` looks ``_create_runtime_wrapper`` up as a module
 global on every compile, and it is the single place that ``torch.compile``,
@@ -31,15 +33,15 @@ def _runtime_wrappers_module():
 
 
 class Replaced(NamedTuple):
-    """A class attribute we put in place of upstream's (see :func:`replace`)."""
+    """A class or module attribute we put in place of upstream's (see :func:`replace`)."""
 
-    owner: type
+    owner: Any
     name: str
     upstream: Any
     ours: Any
 
 
-def replace(owner: type, name: str, ours) -> Replaced:
+def replace(owner: Any, name: str, ours) -> Replaced:
     """Set ``owner.name = ours``; the record :func:`restore` undoes."""
     replaced = Replaced(owner, name, owner.__dict__[name], ours)
     setattr(owner, name, ours)
@@ -60,6 +62,11 @@ def bind_error() -> str | None:
 def release():
     """The verified release (``_versions.Release``) whose semantics plans use."""
     return _installed["gate"].release
+
+
+def disable_unavailable() -> str | None:
+    """Why compiled backwards keep upstream's disable wrapper, or None."""
+    return _installed.get("disable", bind_error() or "not installed")
 
 
 def cpp():
@@ -145,6 +152,13 @@ def install() -> None:
                 _installed["cpp"] = (cpp_module, cpp_reason)
             except Exception as e:  # an internal missing or changed in this torch
                 _installed["bind_error"] = f"torch internals differ: {e!r}"
+            if "bind_error" not in _installed:
+                from . import _disable
+
+                try:
+                    _installed["disable"] = _disable.install(rel)
+                except Exception as e:
+                    _installed["disable"] = f"torch internals differ: {e!r}"
 
         upstream = rw._create_runtime_wrapper
 
@@ -166,6 +180,12 @@ def install() -> None:
         from . import _serializable
 
         _installed["serializable"] = _serializable.install(rw)
+        # aot_module_simplified's params-prepending forward
+        import torch._functorch.aot_autograd as aot_autograd
+
+        from . import _prepend
+
+        _installed["prepend"] = _prepend.install(aot_autograd)
 
         # AOTDispatchAutograd.post_compile builds CompiledFunction; graph_compile
         # and the AOTAutogradCache both call it through the class attribute.
@@ -192,7 +212,7 @@ def uninstall() -> None:
         rw = _runtime_wrappers_module()
         if rw._create_runtime_wrapper is _installed["ours"]:
             rw._create_runtime_wrapper = _installed["upstream"]
-        for key in ("guards", "serializable"):
+        for key in ("guards", "serializable", "prepend"):
             if _installed.get(key) is not None:
                 restore(_installed[key])
         ours = _installed.get("ours_post_compile")

@@ -51,6 +51,13 @@ class Release:
     # (aot_autograd.compile_to_python): "module:function" returning the
     # active sink or None. A capture needs upstream's wrappers.
     source_capture_sink: str | None
+    # torch._dynamo.disable's wrapper (DisableContext.__call__'s _fn), which
+    # AOTAutograd's Dynamo backend puts around the compiled backward: 2.13
+    # sets the stance's callback, and None on exit, unconditionally and reads
+    # getattr(fn, "__name__", ...) first; 2.14 does each only when the
+    # callback (or the prior one) is not None, and the name only when
+    # exporting.
+    disable_skips_none_callback: bool
 
     @property
     def name(self) -> str:
@@ -67,6 +74,7 @@ VERIFIED: tuple[Release, ...] = (
         opaque_base="OpaqueBase",
         function_apply_is_base=False,
         source_capture_sink=None,
+        disable_skips_none_callback=False,
     ),
     Release(
         series=(2, 14),
@@ -77,6 +85,7 @@ VERIFIED: tuple[Release, ...] = (
         opaque_base="CustomClassBase",
         function_apply_is_base=True,
         source_capture_sink="torch._functorch._aot_autograd.codegen:_current_capture_sink",
+        disable_skips_none_callback=True,
     ),
 )
 

@@ -1,0 +1,62 @@
+/* dynamo_disable: torch._dynamo.disable's wrapper in C, for the compiled
+ * backward AOTAutograd's Dynamo backend wraps in it (see dynamo_disable.c). */
+#ifndef TORCH_AOT_RT_DYNAMO_DISABLE_H
+#define TORCH_AOT_RT_DYNAMO_DISABLE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdbool.h>
+
+/* How a compiled backward's disable wrapper was handled (once per lazily
+ * compiled backward), then how each call of a C wrapper ran. */
+enum rt_disable_count {
+    RT_DISABLE_BUILT,          /* the compiled backward got the C wrapper */
+    RT_DISABLE_NOT_WRAPPER,    /* the compiled backward is not a disable wrapper */
+    RT_DISABLE_UNBOUND,        /* this torch's DisableContext is not the verified one */
+    RT_DISABLE_CALL_C,         /* a call ran in C */
+    RT_DISABLE_CALL_STANCE,    /* ran upstream's: a stance other than "default", or a callback */
+    RT_DISABLE_CALL_EXPORTING, /* ran upstream's: torch.compiler.is_exporting() */
+    RT_DISABLE_CALL_REPLACED,  /* ran upstream's: eval_frame's helpers replaced */
+    RT_DISABLE_CALL_NAME,      /* ran upstream's: fn.__name__ might run code (2.13) */
+    RT_DISABLE_N
+};
+
+/* What the wrapper reads, bound by _C._bind_disable once the shim has
+ * verified DisableContext.__call__ (torch_aot_rt/_disable.py); all NULL
+ * until then, and the compiled backward then keeps upstream's wrapper. */
+typedef struct {
+    PyObject *fn_code;          /* the code of DisableContext.__call__'s _fn */
+    Py_ssize_t fn_cell;         /* index in _fn.__closure__ of `fn` */
+    Py_ssize_t ctx_cell;        /* ... and of `self`, the DisableContext */
+    PyObject *DisableContext;
+    PyObject *eval_frame_globals;  /* torch._dynamo.eval_frame.__dict__ */
+    PyObject *torch;               /* the torch module */
+    PyObject *compiler;            /* torch.compiler */
+    PyObject *compiler_globals;    /* torch.compiler.__dict__ */
+    PyObject *set_eval_frame;      /* torch._C._dynamo.eval_frame.set_eval_frame */
+    PyObject *callback_from_stance;
+    PyObject *is_exporting;        /* torch.compiler.is_exporting */
+    /* 2.14: the stance's callback is installed, and the prior one restored,
+     * only when not None; __name__ is looked up only when exporting. */
+    bool skips_none_callback;
+    /* interned names */
+    PyObject *str_callback, *str_stance_global, *str_stance, *str_default;
+    PyObject *str_set_eval_frame, *str_maybe_set_eval_frame, *str_callback_from_stance;
+    PyObject *str_torch, *str_compiler, *str_is_exporting, *str_is_exporting_flag;
+    PyObject *str_name;
+    Py_ssize_t counts[RT_DISABLE_N];
+} rt_disable_state;
+
+struct rt_state;
+extern PyType_Spec DisabledCall_spec;
+/* _C._bind_disable(**what rt_disable_state holds) */
+PyObject *rt_bind_disable(PyObject *module, PyObject *args, PyObject *kwargs);
+/* _C._disable_stats(reset=False) */
+PyObject *rt_disable_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* compiled, or a new C wrapper doing what compiled (a disable wrapper) does;
+ * a new reference, counted. */
+PyObject *rt_disable_wrapper_for(struct rt_state *st, PyObject *compiled);
+int rt_disable_traverse(rt_disable_state *ds, visitproc visit, void *arg);
+void rt_disable_clear(rt_disable_state *ds);
+
+#endif
