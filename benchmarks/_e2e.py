@@ -13,7 +13,8 @@ tensor of ones): the compiled forward and backward, both through
 The ``mlp_training_step`` row does the same for the loss of a small MLP
 (Linear 16→32, ReLU, Linear 32→8, sum; parameters require grad, the input
 does not): a training step's forward and backward, without the optimizer.
-The ``inductor_*`` rows are the two training rows compiled by inductor.
+The ``inductor_*`` rows are the no-grad row and the two training rows
+compiled by inductor.
 """
 
 from __future__ import annotations
@@ -79,9 +80,10 @@ ROWS: dict[
     ),
 }
 
-# The two training rows again, compiled by inductor (the backend users run):
-# its kernels differ from eager's, so "overhead over eager" there includes what
-# the fused kernels save, alike for upstream and C.
+# The inference row and the two training rows again, compiled by inductor (the
+# backend users run): its kernels differ from eager's, so "overhead over eager"
+# there includes what the fused kernels save, alike for upstream and C.
+ROWS["inductor_no_grad_input"] = ROWS["no_grad_input"]
 ROWS["inductor_requires_grad_backward"] = ROWS["requires_grad_backward"]
 ROWS["inductor_mlp_training_step"] = ROWS["mlp_training_step"]
 

@@ -10,7 +10,13 @@ manager calls it, ``fn(x)``, with no saved-tensor hooks active.
 ``serializable_call``: a ``SerializableCompiledFunction`` around a trivial
 function (what an AOTAutogradCache hit puts around the compiled function),
 created with the C path off (upstream's Python ``__call__``) and on (ours), called
-with one argument. ``direct`` is an empty call, the loop's own cost.
+with one argument. ``params_prepend``: ``aot_module_simplified``'s own
+``forward`` closure (its code object, over one parameter and a trivial
+``compiled_fn``) against ``_C.ParamsPrepend`` over the same cells, called with
+one argument. ``dynamo_disable``: ``torch._dynamo.disable`` of a trivial
+function (upstream's ``_fn``) against ``_C.DisabledCall`` over that wrapper,
+called with one argument, default stance. ``direct`` is an empty call, the
+loop's own cost.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ VARIANTS = ("direct", "upstream", "c")
 ROWS = {
     "saved_tensors_hooks_guard": "Dynamo's saved-tensor-hooks guard, fn(x)",
     "serializable_call": "SerializableCompiledFunction(f)(x)",
+    "params_prepend": "aot_module_simplified's forward(x), one param",
+    "dynamo_disable": "torch._dynamo.disable(f)(x), as around the compiled backward",
 }
 
 
@@ -100,7 +108,48 @@ def _serializable_runs(rt):
     return (lambda: up_fn(1)), (lambda: c_fn(1)) if ok else None
 
 
-_BUILDERS = {"saved_tensors_hooks_guard": _guard_runs, "serializable_call": _serializable_runs}
+def _prepend_runs(rt):
+    import types
+
+    import torch
+    import torch._functorch.aot_autograd as aot_autograd
+
+    code = next(
+        c for c in aot_autograd.aot_module_simplified.__code__.co_consts
+        if isinstance(c, types.CodeType) and c.co_name == "forward" and c.co_argcount == 0
+    )
+
+    def trivial(args):
+        return args
+
+    cells = {"compiled_fn": types.CellType(trivial),
+             "params_buffers_flat": types.CellType([torch.ones(1)])}
+    up_fn = types.FunctionType(code, aot_autograd.__dict__, "forward", None,
+                               tuple(cells[n] for n in code.co_freevars))
+    c_fn = _cases._C.ParamsPrepend(up_fn, cells["compiled_fn"], cells["params_buffers_flat"],
+                                   False)
+    return (lambda: len(up_fn(1))), (lambda: len(c_fn(1)))
+
+
+def _disable_runs(rt):
+    import torch
+
+    def trivial(x):
+        return x
+
+    up_fn = torch._dynamo.disable(trivial, reason="benchmark")
+    if rt.stats()["dynamo_disable"]["unavailable"] is not None:
+        return (lambda: up_fn(1)), None
+    c_fn = _cases._C.DisabledCall(up_fn)
+    return (lambda: up_fn(1)), (lambda: c_fn(1))
+
+
+_BUILDERS = {
+    "saved_tensors_hooks_guard": _guard_runs,
+    "serializable_call": _serializable_runs,
+    "params_prepend": _prepend_runs,
+    "dynamo_disable": _disable_runs,
+}
 
 
 def build_layer_cases(names=None) -> dict[str, LayerCase]:

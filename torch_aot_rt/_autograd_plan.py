@@ -234,6 +234,9 @@ def install_c_function(cls, spec, release):
     functools.update_wrapper(forward, upstream_forward)
     functools.update_wrapper(backward, upstream_backward)
     apply._boxed_call = True
+    # it stands for make_boxed_func(cls.apply), whose function has no docstring
+    # (the runtime wrapper and aot_module_simplified's forward copy __doc__)
+    apply.__doc__ = None
     cls.forward = staticmethod(forward)
     cls.backward = staticmethod(backward)
     # The engine calls ctx.apply_boxed(grads) (boxed_grads_call), whose Python
