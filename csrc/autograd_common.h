@@ -44,6 +44,11 @@ int rt_set_attr(PyObject *obj, PyObject *name, PyObject *value);
  * (CompiledBackward serves as the backward class's apply_boxed). */
 PyObject *rt_fn_descr_get(PyObject *self, PyObject *obj, PyObject *type);
 
+/* fname(reset=False) of a stats function: {names[i]: counts[i]}, zeroing
+ * the counts when reset is true */
+PyObject *rt_counts_dict(const char *fname, PyObject *const *args, Py_ssize_t nargs,
+                         const char *const *names, Py_ssize_t *counts, int n);
+
 extern PyGetSetDef rt_fn_getset[];
 extern PyType_Spec FunctionApply_spec;
 extern PyType_Spec CompiledForward_spec;

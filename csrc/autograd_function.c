@@ -21,6 +21,8 @@
 #include "autograd_function.h"
 #include "autograd_common.h"
 
+#include <string.h>
+
 /* ---- shared object plumbing ------------------------------------------- */
 
 static rt_state *
@@ -139,6 +141,31 @@ rt_fn_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type))
         return Py_NewRef(self);
     }
     return PyMethod_New(self, obj);
+}
+
+PyObject *
+rt_counts_dict(const char *fname, PyObject *const *args, Py_ssize_t nargs,
+               const char *const *names, Py_ssize_t *counts, int n)
+{
+    int reset = 0;
+    if (nargs > 1 || (nargs == 1 && (reset = PyObject_IsTrue(args[0])) < 0)) {
+        if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_TypeError, "%s(reset=False)", fname);
+        }
+        return NULL;
+    }
+    PyObject *out = PyDict_New();
+    for (int i = 0; out != NULL && i < n; i++) {
+        PyObject *v = PyLong_FromSsize_t(counts[i]);
+        if (v == NULL || PyDict_SetItemString(out, names[i], v) < 0) {
+            Py_CLEAR(out);
+        }
+        Py_XDECREF(v);
+    }
+    if (out != NULL && reset) {
+        memset(counts, 0, (size_t)n * sizeof(counts[0]));
+    }
+    return out;
 }
 
 PyGetSetDef rt_fn_getset[] = {

@@ -37,7 +37,6 @@
 
 #include "autograd_common.h"
 
-#include <string.h>
 
 typedef struct {
     RT_FN_HEAD
@@ -430,24 +429,6 @@ static const char *const count_names[RT_DISABLE_N] = {
 PyObject *
 rt_disable_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    int reset = 0;
-    if (nargs > 1 || (nargs == 1 && (reset = PyObject_IsTrue(args[0])) < 0)) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "_disable_stats(reset=False)");
-        }
-        return NULL;
-    }
     rt_disable_state *ds = &((rt_state *)PyModule_GetState(module))->disable;
-    PyObject *out = PyDict_New();
-    for (int i = 0; out != NULL && i < RT_DISABLE_N; i++) {
-        PyObject *n = PyLong_FromSsize_t(ds->counts[i]);
-        if (n == NULL || PyDict_SetItemString(out, count_names[i], n) < 0) {
-            Py_CLEAR(out);
-        }
-        Py_XDECREF(n);
-    }
-    if (out != NULL && reset) {
-        memset(ds->counts, 0, sizeof(ds->counts));
-    }
-    return out;
+    return rt_counts_dict("_disable_stats", args, nargs, count_names, ds->counts, RT_DISABLE_N);
 }

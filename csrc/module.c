@@ -5,8 +5,8 @@
  * by _bind_torch(), which the Python shim calls after importing torch: the
  * extension itself neither links nor imports torch at import time.
  */
-#include <string.h>
 
+#include "autograd_common.h"
 #include "autograd_function.h"
 #include "runtime_wrapper.h"
 #include "torch_api.h"
@@ -43,26 +43,9 @@ static const char *const node_reasons[RT_NODE_N_DECLINED] = {
 static PyObject *
 node_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    int reset = 0;
-    if (nargs > 1 || (nargs == 1 && (reset = PyObject_IsTrue(args[0])) < 0)) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "_node_stats(reset=False)");
-        }
-        return NULL;
-    }
     rt_state *st = PyModule_GetState(module);
-    PyObject *out = PyDict_New();
-    for (int i = 0; out != NULL && i < RT_NODE_N_DECLINED; i++) {
-        PyObject *n = PyLong_FromSsize_t(st->node_counts[i]);
-        if (n == NULL || PyDict_SetItemString(out, node_reasons[i], n) < 0) {
-            Py_CLEAR(out);
-        }
-        Py_XDECREF(n);
-    }
-    if (out != NULL && reset) {
-        memset(st->node_counts, 0, sizeof(st->node_counts));
-    }
-    return out;
+    return rt_counts_dict("_node_stats", args, nargs, node_reasons, st->node_counts,
+                          RT_NODE_N_DECLINED);
 }
 
 /* Benchmarks only: route calls through the C++ part (True) or not (False),

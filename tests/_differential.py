@@ -370,6 +370,15 @@ def _flat_tensors(x) -> list:
     return []
 
 
+def raised(f) -> BaseException:
+    """The exception ``f()`` raises (the observation); fails if it returns."""
+    try:
+        f()
+    except Exception as e:  # noqa: BLE001
+        return e
+    raise AssertionError(f"{f!r} did not raise")
+
+
 def error_record(e: BaseException) -> dict:
     """An exception: its type and message (other test modules rely on these
     two keys only)."""

@@ -68,8 +68,8 @@ def observe(use_c):
     with torch.no_grad():
         gm.weight.mul_(2)  # the same tensor objects, read per call
     seen["after_update"] = [t.detach() for t in fwd(x)]
-    seen["kwargs_error"] = D.error_record(_raises(lambda: fwd(x=x)))
-    seen["arity_error"] = D.error_record(_raises(lambda: fwd()))
+    seen["kwargs_error"] = D.error_record(D.raised(lambda: fwd(x=x)))
+    seen["arity_error"] = D.error_record(D.raised(lambda: fwd()))
     return _values(seen), built, fwd
 
 
@@ -82,14 +82,6 @@ def _values(x):
     if isinstance(x, dict):
         return {k: _values(v) for k, v in x.items()}
     return x
-
-
-def _raises(f):
-    try:
-        f()
-    except Exception as e:  # noqa: BLE001 - the exception is the observation
-        return e
-    raise AssertionError("did not raise")
 
 
 def test_same_as_upstream():
@@ -199,10 +191,10 @@ def test_cells_read_per_call_and_errors(boxed):
         params.append("p2")
         record["second"] = call("c")
         record["none_args"] = call()
-        record["kwargs"] = D.error_record(_raises(lambda: fwd(x=1)))
+        record["kwargs"] = D.error_record(D.raised(lambda: fwd(x=1)))
         if boxed:
-            record["tuple_arg"] = D.error_record(_raises(lambda: fwd(("a",))))
-            record["two_args"] = D.error_record(_raises(lambda: fwd([1], [2])))
+            record["tuple_arg"] = D.error_record(D.raised(lambda: fwd(("a",))))
+            record["two_args"] = D.error_record(D.raised(lambda: fwd([1], [2])))
         record["seen"] = seen
         return record
 
@@ -216,7 +208,7 @@ def test_compiled_fn_none_raises_upstreams_error(boxed):
         if use_c:
             fwd = _c_over(fwd, boxed)
         args = [2]
-        e = _raises(lambda: fwd(args) if boxed else fwd(*args))
+        e = D.raised(lambda: fwd(args) if boxed else fwd(*args))
         return {"error": D.error_record(e), "args": args}
 
     D.assert_same(observe_fn(False), observe_fn(True), "none")

@@ -38,20 +38,12 @@ def observe(use_c):
         "doc": fn.__doc__,
         "compiled_fn": fn.compiled_fn is compiled,
         "calls": [fn(), fn(1, 2), fn([3], key="v"), fn(*range(20), **{"a": 1, "b": 2})],
-        "error": D.error_record(_raises(lambda: fn(1, fail=True))),
+        "error": D.error_record(D.raised(lambda: fn(1, fail=True))),
         "callable": callable(fn),
     }
     fn.compiled_fn = lambda *a: ("replaced", a)  # read per call, as upstream
     seen["after_replace"] = fn(5)
     return seen, built, type(fn)
-
-
-def _raises(f):
-    try:
-        f()
-    except Exception as e:  # noqa: BLE001 - the exception is the observation
-        return e
-    raise AssertionError("did not raise")
 
 
 def test_same_as_upstream():
