@@ -45,19 +45,20 @@ ParamsPrepend_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *compiled_fn = PyCell_GET(self->compiled_fn);
     PyObject *params = PyCell_GET(self->params);
+    bool plain = (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0) &&
+                 compiled_fn != NULL && compiled_fn != Py_None && params != NULL &&
+                 PyList_CheckExact(params) &&
+                 (!self->boxed || (nargs == 1 && PyList_CheckExact(argv[0])));
+    if (!plain) {
+        return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
+    }
+    /* the arguments: the call's, or (boxed) the items of its one list (an
+     * empty list's items pointer may be NULL) */
     PyObject *const *runtime = argv;
     Py_ssize_t n_runtime = nargs;
-    if (self->boxed && nargs == 1 && PyList_CheckExact(argv[0])) {
+    if (self->boxed) {
         runtime = ((PyListObject *)argv[0])->ob_item;
         n_runtime = PyList_GET_SIZE(argv[0]);
-    }
-    else if (self->boxed) {
-        runtime = NULL;
-    }
-    if (runtime == NULL || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) ||
-        compiled_fn == NULL || compiled_fn == Py_None || params == NULL ||
-        !PyList_CheckExact(params)) {
-        return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
     }
     Py_ssize_t n_params = PyList_GET_SIZE(params);
     PyObject *full = PyList_New(n_params + n_runtime);

@@ -191,6 +191,9 @@ def test_cells_read_per_call_and_errors(boxed):
         params.append("p2")
         record["second"] = call("c")
         record["none_args"] = call()
+        if boxed:
+            empty = []
+            record["empty_list"] = (fwd(empty), empty)
         record["kwargs"] = D.error_record(D.raised(lambda: fwd(x=1)))
         if boxed:
             record["tuple_arg"] = D.error_record(D.raised(lambda: fwd(("a",))))
