@@ -37,8 +37,6 @@ int rt_index_or_none(PyObject *v, const char *what, Py_ssize_t *out);
 int rt_parse_span(PyObject *kwargs, const char *key, Py_ssize_t span[2]);
 /* kwargs[key]: a new reference to a callable, or NULL for None (*err set on error) */
 PyObject *rt_callable_or_null(PyObject *kwargs, const char *key, int *err);
-/* setattr(obj, name, value); steals value, which may be NULL (error passed on) */
-int rt_set_attr(PyObject *obj, PyObject *name, PyObject *value);
 
 /* Bound like a Python function when found on a class through an instance
  * (CompiledBackward serves as the backward class's apply_boxed). */

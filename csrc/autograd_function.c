@@ -126,14 +126,6 @@ rt_callable_or_null(PyObject *kwargs, const char *key, int *err)
     return Py_NewRef(v);
 }
 
-int
-rt_set_attr(PyObject *obj, PyObject *name, PyObject *value)
-{
-    int rc = value ? PyObject_SetAttr(obj, name, value) : -1;
-    Py_XDECREF(value);
-    return rc;
-}
-
 PyObject *
 rt_fn_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type))
 {

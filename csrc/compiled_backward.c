@@ -20,6 +20,10 @@ typedef struct {
     PyObject *memory_format_meta;
     PyObject *size, *stride, *memory_format;
     PyObject *desc, *stack_trace, *index;
+    /* TANGENT_STRIDES with size and stride tuples of ndim plain ints: them
+     * as C arrays (for the C++ part's compare); else ndim = -1 */
+    Py_ssize_t ndim;
+    int64_t *sizes, *strides;
 } tangent_plan;
 
 typedef struct {
@@ -73,14 +77,8 @@ process_tangent(CompiledBackward *self, const tangent_plan *t, PyObject *x)
     if (Py_IS_TYPE(x, st->Tensor) && t->kind != TANGENT_PYTHON) {
         int same;
         if (t->kind == TANGENT_STRIDES) {
-            PyObject *shape = rt_tensor_call(st, RT_SIZE, x, NULL, 0);
-            same = shape ? PyObject_RichCompareBool(shape, t->size, Py_EQ) : -1;
-            Py_XDECREF(shape);
-            if (same > 0) {
-                PyObject *stride = rt_tensor_call(st, RT_STRIDE, x, NULL, 0);
-                same = stride ? PyObject_RichCompareBool(stride, t->stride, Py_EQ) : -1;
-                Py_XDECREF(stride);
-            }
+            same = rt_tensor_size_stride_equal(st, x, t->ndim, t->sizes, t->strides, t->size,
+                                               t->stride);
         }
         else {
             PyObject *argv[2] = {x, t->memory_format};
@@ -128,12 +126,10 @@ backward_prologue(CompiledBackward *self, PyObject *saved, PyObject *symints,
                   PyObject *opaque, PyObject *grads)
 {
     rt_state *st = self->st;
-    PyObject *stack = PyObject_CallNoArgs(st->peek_interpreter_stack);
-    if (stack == NULL) {
+    int in_transform = rt_functorch_interpreter_active(st);
+    if (in_transform < 0) {
         return NULL;
     }
-    int in_transform = stack != Py_None;
-    Py_DECREF(stack);
     if (in_transform) {
         raise_runtime("It looks like you're trying to call a compiled backward function "
                       "within vmap/grad/vjp, which isn't supported. Try wrapping vmap "
@@ -158,28 +154,40 @@ backward_prologue(CompiledBackward *self, PyObject *saved, PyObject *symints,
                      self->expected_grad_outs, n_grads);
         return NULL;
     }
-    PyObject *all_args = PyList_New(0);
-    if (all_args == NULL) {
-        return NULL;
-    }
-    if (extend(all_args, symints) < 0 || extend(all_args, saved) < 0 ||
-        extend(all_args, opaque) < 0) {
-        goto fail;
-    }
-    Py_ssize_t ts = PyList_GET_SIZE(all_args);
-    for (Py_ssize_t j = 0; j < self->n_surviving; j++) {
-        if (PyList_Append(all_args, PyList_GET_ITEM(grads, self->surviving[j])) < 0) {
+    /* [*symints, *saved, *opaque, *surviving grads, *tokens], allocated
+     * once; PySequence_Fast is what list.extend's slice assignment uses */
+    PyObject *parts[3] = {NULL, NULL, NULL};
+    PyObject *all_args = NULL;
+    Py_ssize_t ts = 0;
+    for (int p = 0; p < 3; p++) {
+        parts[p] = PySequence_Fast(p == 0 ? symints : p == 1 ? saved : opaque,
+                                   "can only assign an iterable");
+        if (parts[p] == NULL) {
             goto fail;
         }
+        ts += PySequence_Fast_GET_SIZE(parts[p]);
+    }
+    all_args = PyList_New(ts + self->n_surviving + self->num_backward_tokens);
+    if (all_args == NULL) {
+        goto fail;
+    }
+    Py_ssize_t at = 0;
+    for (int p = 0; p < 3; p++) {
+        PyObject **items = PySequence_Fast_ITEMS(parts[p]);
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(parts[p]); i++) {
+            PyList_SET_ITEM(all_args, at++, Py_NewRef(items[i]));
+        }
+        Py_CLEAR(parts[p]);
+    }
+    for (Py_ssize_t j = 0; j < self->n_surviving; j++) {
+        PyList_SET_ITEM(all_args, at++, Py_NewRef(PyList_GET_ITEM(grads, self->surviving[j])));
+    }
+    for (Py_ssize_t k = 0; k < self->num_backward_tokens; k++) {
+        PyList_SET_ITEM(all_args, at++, Py_NewRef(Py_None));
     }
     /* The grads are ours now: let dropped ones die mid-backward. */
     if (PyList_SetSlice(grads, 0, PyList_GET_SIZE(grads), NULL) < 0) {
         goto fail;
-    }
-    for (Py_ssize_t k = 0; k < self->num_backward_tokens; k++) {
-        if (PyList_Append(all_args, Py_None) < 0) {
-            goto fail;
-        }
     }
     for (Py_ssize_t j = 0; j < self->n_surviving; j++) {
         PyObject *x = PyList_GET_ITEM(all_args, ts + j);
@@ -202,7 +210,10 @@ backward_prologue(CompiledBackward *self, PyObject *saved, PyObject *symints,
     }
     return all_args;
 fail:
-    Py_DECREF(all_args);
+    for (int p = 0; p < 3; p++) {
+        Py_XDECREF(parts[p]);
+    }
+    Py_XDECREF(all_args);
     return NULL;
 }
 
@@ -212,7 +223,7 @@ fail:
 static int
 restore_external_objects(rt_state *st, PyObject *ctx)
 {
-    PyObject *saved = PyObject_GetAttr(ctx, st->str_external_objects);
+    PyObject *saved = rt_ctx_get(st, ctx, RT_CTX_EXTERNAL_OBJECTS);
     if (saved == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
             return -1;
@@ -285,7 +296,7 @@ backward_impl(CompiledBackward *self, PyObject *ctx, PyObject *all_args)
         }
         Py_DECREF(r);
     }
-    int keep_graph = rt_call_predicate(st->keep_graph);
+    int keep_graph = rt_graph_task_keep_graph(st);
     if (keep_graph < 0) {
         return NULL;
     }
@@ -405,12 +416,12 @@ CompiledBackward_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
     PyObject *saved = NULL, *symints = NULL, *opaque = NULL, *all_args = NULL;
     PyObject *result = NULL, *impl_fn = NULL, *cc = NULL;
 
-    saved = PyObject_GetAttr(ctx, st->str_saved_tensors);
+    saved = rt_ctx_get(st, ctx, RT_CTX_SAVED_TENSORS);
     if (saved == NULL) {
         goto done;
     }
     if (self->has_no_vc_check) {
-        PyObject *no_vc = PyObject_GetAttr(ctx, st->str_tensors_no_vc_check);
+        PyObject *no_vc = rt_ctx_get(st, ctx, RT_CTX_TENSORS_NO_VC_CHECK);
         PyObject *both = no_vc ? PySequence_List(saved) : NULL;
         if (both == NULL || extend(both, no_vc) < 0) {
             Py_XDECREF(no_vc);
@@ -420,8 +431,8 @@ CompiledBackward_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
         Py_DECREF(no_vc);
         Py_SETREF(saved, both);
     }
-    if ((symints = PyObject_GetAttr(ctx, st->str_symints)) == NULL ||
-        (opaque = PyObject_GetAttr(ctx, st->str_opaque_objects)) == NULL) {
+    if ((symints = rt_ctx_get(st, ctx, RT_CTX_SYMINTS)) == NULL ||
+        (opaque = rt_ctx_get(st, ctx, RT_CTX_OPAQUE_OBJECTS)) == NULL) {
         goto done;
     }
     all_args = backward_prologue(self, saved, symints, opaque, grads);
@@ -442,27 +453,17 @@ CompiledBackward_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
      * `context` (_engine_run_backward), so an ordinary backward runs as
      * context.run(impl_fn); only a backward without one (grad_fn called by
      * hand) calls the implementation directly. */
-    PyObject *key = st->str_context;
-    PyObject *r = PyObject_Vectorcall(st->is_key_in_tls, &key, 1, NULL);
-    int has_key = r ? PyObject_IsTrue(r) : -1;
-    Py_XDECREF(r);
-    if (has_key < 0) {
+    if (rt_tls_object(st, st->str_context, &cc) < 0) {
         goto done;
     }
-    if (has_key) {
-        cc = PyObject_Vectorcall(st->get_obj_in_tls, &key, 1, NULL);
+    if (cc == Py_None) {
+        Py_CLEAR(cc);
+    }
+    else if (cc != NULL && self->copy_context) {
+        /* functools.partial(_cc.copy().run, impl_fn) */
+        Py_SETREF(cc, PyObject_CallMethodNoArgs(cc, st->str_copy));
         if (cc == NULL) {
             goto done;
-        }
-        if (cc == Py_None) {
-            Py_CLEAR(cc);
-        }
-        else if (self->copy_context) {
-            /* functools.partial(_cc.copy().run, impl_fn) */
-            Py_SETREF(cc, PyObject_CallMethodNoArgs(cc, st->str_copy));
-            if (cc == NULL) {
-                goto done;
-            }
         }
     }
     int grad = rt_grad_enabled(st);
@@ -533,6 +534,42 @@ done:
     return result;
 }
 
+/* t->size and t->stride as C arrays, where they are tuples of one length
+ * holding plain ints that fit an int64 (else t->ndim stays -1) */
+static int
+tangent_static_layout(tangent_plan *t)
+{
+    t->ndim = -1;
+    if (!PyTuple_Check(t->size) || !PyTuple_Check(t->stride) ||
+        PyTuple_GET_SIZE(t->size) != PyTuple_GET_SIZE(t->stride)) {
+        return 0;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(t->size);
+    int64_t *a = PyMem_Malloc(sizeof(int64_t) * (size_t)(n > 0 ? 2 * n : 1));
+    if (a == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < 2 * n; i++) {
+        PyObject *v = PyTuple_GET_ITEM(i < n ? t->size : t->stride, i < n ? i : i - n);
+        int overflow = 0;
+        if (!PyLong_CheckExact(v)) {
+            PyMem_Free(a);
+            return 0;
+        }
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow) {
+            PyMem_Free(a);
+            return 0;
+        }
+        a[i] = (int64_t)x;
+    }
+    t->sizes = a;
+    t->strides = a + n;
+    t->ndim = n;
+    return 0;
+}
+
 static int
 parse_tangents(CompiledBackward *self, PyObject *kwargs)
 {
@@ -571,6 +608,10 @@ parse_tangents(CompiledBackward *self, PyObject *kwargs)
         t->memory_format = Py_NewRef(PyTuple_GET_ITEM(rec, 5));
         t->desc = Py_NewRef(PyTuple_GET_ITEM(rec, 6));
         t->stack_trace = Py_NewRef(PyTuple_GET_ITEM(rec, 7));
+        t->ndim = -1;
+        if (t->kind == TANGENT_STRIDES && tangent_static_layout(t) < 0) {
+            return -1;
+        }
         if ((t->index = PyLong_FromSsize_t(j)) == NULL) {
             return -1;
         }
@@ -727,6 +768,11 @@ static void
 CompiledBackward_free_arrays(CompiledBackward *self)
 {
     PyMem_Free(self->surviving);
+    if (self->tangents) {
+        for (Py_ssize_t j = 0; j < self->n_surviving; j++) {
+            PyMem_Free(self->tangents[j].sizes); /* strides share the block */
+        }
+    }
     PyMem_Free(self->tangents);
 }
 

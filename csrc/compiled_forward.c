@@ -84,9 +84,7 @@ detach_saved_views(CompiledForward *self, PyObject *tensors, Py_ssize_t offset)
                 continue;
             }
         }
-        PyObject *is_view = rt_tensor_call(st, RT_IS_VIEW, x, NULL, 0);
-        int v = is_view ? PyObject_IsTrue(is_view) : -1;
-        Py_XDECREF(is_view);
+        int v = rt_tensor_is_view(st, x);
         PyObject *saved = v < 0 ? NULL : v ? rt_tensor_call(st, RT_DETACH, x, NULL, 0)
                                            : Py_NewRef(x);
         if (saved == NULL) {
@@ -150,8 +148,8 @@ save_from_forward(CompiledForward *self, PyObject *ctx, PyObject *fw_outs)
         }
     }
     /* ctx.save_for_backward(*tensors_to_save) is `ctx.to_save = tensors` */
-    if (rt_set_attr(ctx, st->str_to_save, PyList_AsTuple(to_save)) < 0 ||
-        PyObject_SetAttr(ctx, st->str_tensors_no_vc_check, no_vc_saved) < 0) {
+    if (rt_ctx_set_steal(st, ctx, RT_CTX_TO_SAVE, PyList_AsTuple(to_save)) < 0 ||
+        rt_ctx_set(st, ctx, RT_CTX_TENSORS_NO_VC_CHECK, no_vc_saved) < 0) {
         goto done;
     }
     if ((symints = span_of(fw_outs, self->saved_symints)) == NULL) {
@@ -170,7 +168,7 @@ save_from_forward(CompiledForward *self, PyObject *ctx, PyObject *fw_outs)
             goto done;
         }
     }
-    if (PyObject_SetAttr(ctx, st->str_symints, symints) < 0 ||
+    if (rt_ctx_set(st, ctx, RT_CTX_SYMINTS, symints) < 0 ||
         (opaque = span_of(fw_outs, self->saved_opaque)) == NULL) {
         goto done;
     }
@@ -192,7 +190,7 @@ save_from_forward(CompiledForward *self, PyObject *ctx, PyObject *fw_outs)
             goto done;
         }
     }
-    if (PyObject_SetAttr(ctx, st->str_opaque_objects, opaque) < 0) {
+    if (rt_ctx_set(st, ctx, RT_CTX_OPAQUE_OBJECTS, opaque) < 0) {
         goto done;
     }
     rc = 0;
@@ -274,7 +272,7 @@ snapshot_external_objects(rt_state *st, PyObject *ctx)
             return -1;
         }
     }
-    return rt_set_attr(ctx, st->str_external_objects, snapshot);
+    return rt_ctx_set_steal(st, ctx, RT_CTX_EXTERNAL_OBJECTS, snapshot);
 }
 
 /* _codegen_finalize's `if config.debug_assert:` block, read per call as
@@ -363,8 +361,8 @@ finalize_forward(CompiledForward *self, PyObject *ctx, PyObject *fw_outs)
         goto fail;
     }
     /* ctx.mark_non_differentiable(*non_diff) is `ctx.non_differentiable = args` */
-    if (rt_set_attr(ctx, st->str_non_differentiable, non_diff) < 0 ||
-        PyObject_SetAttr(ctx, st->str_materialize_non_diff_grads, Py_False) < 0 ||
+    if (rt_ctx_set_steal(st, ctx, RT_CTX_NON_DIFFERENTIABLE, non_diff) < 0 ||
+        rt_ctx_set(st, ctx, RT_CTX_MATERIALIZE_NON_DIFF_GRADS, Py_False) < 0 ||
         (self->snapshot_external_objects && snapshot_external_objects(st, ctx) < 0)) {
         goto fail;
     }

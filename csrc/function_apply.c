@@ -114,7 +114,7 @@ FunctionApply_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
     PyObject *result = NULL;
     int active = -2; /* not asked yet */
     if (self->node_cls != NULL && st->cpp != NULL) {
-        active = rt_call_predicate(st->functorch_transforms_active);
+        active = rt_functorch_transforms_active(st);
         if (active < 0) {
             goto done;
         }
@@ -127,7 +127,7 @@ FunctionApply_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
         result = PyObject_Call(self->apply_base, args, NULL);
         goto done;
     }
-    if (active == -2 && (active = rt_call_predicate(st->functorch_transforms_active)) < 0) {
+    if (active == -2 && (active = rt_functorch_transforms_active(st)) < 0) {
         goto done;
     }
     result = active ? PyObject_Call(self->apply_python, args, NULL)

@@ -446,6 +446,58 @@ rt_set_grad_enabled(rt_state *st, int enabled)
                        st->set_grad_enabled_self, enabled);
 }
 
+/* ---- autograd and functorch state ------------------------------------- */
+
+int
+rt_functorch_transforms_active(rt_state *st)
+{
+    if (st->cpp != NULL) {
+        return st->cpp->functorch_transforms_active();
+    }
+    return rt_call_predicate(st->functorch_transforms_active);
+}
+
+/* Python only: the dynamic layer stack's C++ header needs one torch does not
+ * ship (nlohmann/json) */
+int
+rt_functorch_interpreter_active(rt_state *st)
+{
+    PyObject *top = PyObject_CallNoArgs(st->peek_interpreter_stack);
+    if (top == NULL) {
+        return -1;
+    }
+    int active = top != Py_None;
+    Py_DECREF(top);
+    return active;
+}
+
+int
+rt_graph_task_keep_graph(rt_state *st)
+{
+    if (st->cpp != NULL) {
+        return st->cpp->graph_task_keep_graph();
+    }
+    return rt_call_predicate(st->keep_graph);
+}
+
+int
+rt_tls_object(rt_state *st, PyObject *key, PyObject **out)
+{
+    *out = NULL;
+    if (st->cpp != NULL) {
+        *out = st->cpp->tls_object(key);
+        return 0;
+    }
+    PyObject *r = PyObject_Vectorcall(st->is_key_in_tls, &key, 1, NULL);
+    int has_key = r ? PyObject_IsTrue(r) : -1;
+    Py_XDECREF(r);
+    if (has_key <= 0) {
+        return has_key;
+    }
+    *out = PyObject_Vectorcall(st->get_obj_in_tls, &key, 1, NULL);
+    return *out == NULL ? -1 : 0;
+}
+
 /* torch._C._is_view_replay_enabled() */
 int
 rt_view_replay_enabled(rt_state *st)
@@ -658,6 +710,114 @@ rt_tensor_call(rt_state *st, enum rt_tensor_method m, PyObject *self,
     }
     return PyObject_VectorcallMethod(st->method_names[m], stack,
                                      (size_t)(nargs + 1), NULL);
+}
+
+/* ---- ctx attributes ----------------------------------------------------- */
+
+static PyObject *
+ctx_field_name(rt_state *st, enum rt_ctx_field field)
+{
+    switch (field) {
+    case RT_CTX_TO_SAVE:
+        return st->str_to_save;
+    case RT_CTX_NON_DIFFERENTIABLE:
+        return st->str_non_differentiable;
+    case RT_CTX_MATERIALIZE_NON_DIFF_GRADS:
+        return st->str_materialize_non_diff_grads;
+    case RT_CTX_TENSORS_NO_VC_CHECK:
+        return st->str_tensors_no_vc_check;
+    case RT_CTX_SYMINTS:
+        return st->str_symints;
+    case RT_CTX_OPAQUE_OBJECTS:
+        return st->str_opaque_objects;
+    case RT_CTX_EXTERNAL_OBJECTS:
+        return st->str_external_objects;
+    case RT_CTX_SAVED_TENSORS:
+    default:
+        return st->str_saved_tensors;
+    }
+}
+
+/* The node type is a static type: its getsets cannot be replaced, so the
+ * direct call is what the attribute look-up ends in. cpp_loaded, not cpp:
+ * nodes made before the routes were switched off are still nodes. */
+static int
+is_cpp_node(rt_state *st, PyObject *ctx)
+{
+    return st->cpp_loaded != NULL && st->cpp_loaded->node_check(ctx);
+}
+
+PyObject *
+rt_ctx_get(rt_state *st, PyObject *ctx, enum rt_ctx_field field)
+{
+    if (is_cpp_node(st, ctx)) {
+        return st->cpp_loaded->node_get(ctx, (int)field);
+    }
+    return PyObject_GetAttr(ctx, ctx_field_name(st, field));
+}
+
+int
+rt_ctx_set(rt_state *st, PyObject *ctx, enum rt_ctx_field field, PyObject *value)
+{
+    if (is_cpp_node(st, ctx)) {
+        return st->cpp_loaded->node_set(ctx, (int)field, value);
+    }
+    return PyObject_SetAttr(ctx, ctx_field_name(st, field), value);
+}
+
+int
+rt_ctx_set_steal(rt_state *st, PyObject *ctx, enum rt_ctx_field field, PyObject *value)
+{
+    int rc = value ? rt_ctx_set(st, ctx, field, value) : -1;
+    Py_XDECREF(value);
+    return rc;
+}
+
+/* Where the C++ part may answer for a tensor method: an exact torch.Tensor
+ * and no TorchFunctionMode to hand the call to. It returns -1 for tensors
+ * it cannot answer for; then the method is called. */
+static int
+cpp_tensor_query_ok(rt_state *st, PyObject *x)
+{
+    return st->cpp != NULL && Py_IS_TYPE(x, st->Tensor) &&
+           !st->cpp->torch_function_mode_enabled();
+}
+
+int
+rt_tensor_is_view(rt_state *st, PyObject *x)
+{
+    if (cpp_tensor_query_ok(st, x)) {
+        int v = st->cpp->tensor_is_view(x);
+        if (v >= 0) {
+            return v;
+        }
+    }
+    PyObject *r = rt_tensor_call(st, RT_IS_VIEW, x, NULL, 0);
+    int v = r ? PyObject_IsTrue(r) : -1;
+    Py_XDECREF(r);
+    return v;
+}
+
+int
+rt_tensor_size_stride_equal(rt_state *st, PyObject *x, Py_ssize_t ndim,
+                            const int64_t *sizes, const int64_t *strides,
+                            PyObject *size_obj, PyObject *stride_obj)
+{
+    if (ndim >= 0 && cpp_tensor_query_ok(st, x)) {
+        int v = st->cpp->tensor_size_stride_equal(x, ndim, sizes, strides);
+        if (v >= 0) {
+            return v;
+        }
+    }
+    PyObject *shape = rt_tensor_call(st, RT_SIZE, x, NULL, 0);
+    int same = shape ? PyObject_RichCompareBool(shape, size_obj, Py_EQ) : -1;
+    Py_XDECREF(shape);
+    if (same > 0) {
+        PyObject *stride = rt_tensor_call(st, RT_STRIDE, x, NULL, 0);
+        same = stride ? PyObject_RichCompareBool(stride, stride_obj, Py_EQ) : -1;
+        Py_XDECREF(stride);
+    }
+    return same;
 }
 
 int

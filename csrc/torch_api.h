@@ -204,6 +204,20 @@ int rt_set_grad_enabled(rt_state *st, int enabled);
 int rt_view_replay_enabled(rt_state *st);
 int rt_set_view_replay_enabled(rt_state *st, int enabled);
 
+/* The backward's and forward's queries of autograd and functorch state,
+ * through the C++ part where it is loaded (torch_cpp_api.h), else the
+ * Python callable: 1, 0, or -1 with an exception set. */
+/* torch._C._are_functorch_transforms_active() */
+int rt_functorch_transforms_active(rt_state *st);
+/* torch._C._functorch.peek_interpreter_stack() is not None (always the
+ * Python callable) */
+int rt_functorch_interpreter_active(rt_state *st);
+/* torch._C._autograd._get_current_graph_task_keep_graph() */
+int rt_graph_task_keep_graph(rt_state *st);
+/* torch._C._get_obj_in_tls(key) if torch._C._is_key_in_tls(key): 0 with
+ * *out a new reference or NULL (absent), -1 with an exception set. */
+int rt_tls_object(rt_state *st, PyObject *key, PyObject **out);
+
 /* `with torch._C._DisableAutocast():` -> returns the guard object, or NULL. */
 PyObject *rt_disable_autocast_enter(rt_state *st);
 /* Leaves the guard; `failed` says whether an exception is pending (it is
@@ -223,6 +237,20 @@ int rt_is_tensor(rt_state *st, PyObject *obj);
 /* self.<method>(*args): new reference. */
 PyObject *rt_tensor_call(rt_state *st, enum rt_tensor_method m, PyObject *self,
                          PyObject *const *args, Py_ssize_t nargs);
+/* getattr(ctx, name) / setattr(ctx, name, value) for the attributes of
+ * enum rt_ctx_field: on the C++ node, its getset called directly */
+PyObject *rt_ctx_get(rt_state *st, PyObject *ctx, enum rt_ctx_field field);
+int rt_ctx_set(rt_state *st, PyObject *ctx, enum rt_ctx_field field, PyObject *value);
+/* the same, stealing value, which may be NULL (an error passed on) */
+int rt_ctx_set_steal(rt_state *st, PyObject *ctx, enum rt_ctx_field field, PyObject *value);
+
+/* x._is_view(): 1, 0, -1 */
+int rt_tensor_is_view(rt_state *st, PyObject *x);
+/* x.shape == sizes and x.stride() == strides, the expected ones of ndim
+ * plain ints also given as the tuples size_obj / stride_obj: 1, 0, -1 */
+int rt_tensor_size_stride_equal(rt_state *st, PyObject *x, Py_ssize_t ndim,
+                                const int64_t *sizes, const int64_t *strides,
+                                PyObject *size_obj, PyObject *stride_obj);
 /* self.requires_grad truth value: 1, 0, -1 */
 int rt_tensor_requires_grad(rt_state *st, PyObject *self);
 /* torch.autograd.graph.increment_version(tuple) == torch._C._increment_version */

@@ -16,11 +16,13 @@
 #ifndef TORCH_AOT_RT_TORCH_CPP_API_H
 #define TORCH_AOT_RT_TORCH_CPP_API_H
 
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define RT_CPP_API_VERSION 2
+#define RT_CPP_API_VERSION 3
 #define RT_CPP_CAPSULE_NAME "torch_aot_rt._torch_cpp.api"
 
 typedef struct rt_cpp_api {
@@ -55,7 +57,52 @@ typedef struct rt_cpp_api {
     /* node.maybe_clear_saved_tensors(): release the saved tensors unless the
      * current graph task keeps the graph; 0, or -1 with an exception */
     int (*node_maybe_clear_saved)(PyObject *node);
+
+    /* What getattr(node, name) / setattr(node, name, value) do for the
+     * ctx attributes the C core reads and writes (enum rt_ctx_field), on a
+     * node of the type above (node_check): new reference / 0, or NULL / -1
+     * with an exception set. */
+    PyObject *(*node_get)(PyObject *node, int field);
+    int (*node_set)(PyObject *node, int field, PyObject *value);
+
+    /* The backward's and forward's torch queries, each what its Python
+     * binding does once its (absent or string) arguments are parsed; none
+     * is intercepted by a TorchFunctionMode. */
+    /* torch._C._are_functorch_transforms_active() */
+    int (*functorch_transforms_active)(void);
+    /* torch._C._get_current_graph_task_keep_graph() */
+    int (*graph_task_keep_graph)(void);
+    /* `torch._C._get_obj_in_tls(key) if torch._C._is_key_in_tls(key) else
+     * NULL`: a new reference, or NULL when the key is absent (no exception
+     * is ever set). key is a str object. */
+    PyObject *(*tls_object)(PyObject *key);
+
+    /* Tensor queries on an exact torch.Tensor, for the caller to use only
+     * where no TorchFunctionMode is active (the methods' Python bindings
+     * hand the call to one): 1 or 0, or -1 where the C++ answer might not
+     * be the Python method's (a tensor with symbolic sizes, a Python or
+     * functorch dispatch key, nested or not strided): then the caller calls
+     * the method. */
+    /* x._is_view() */
+    int (*tensor_is_view)(PyObject *x);
+    /* x.shape == sizes and x.stride() == strides, for expected sizes and
+     * strides of ndim plain ints */
+    int (*tensor_size_stride_equal)(PyObject *x, Py_ssize_t ndim, const int64_t *sizes,
+                                    const int64_t *strides);
 } rt_cpp_api;
+
+/* The ctx attributes CompiledForward writes and CompiledBackward reads. */
+enum rt_ctx_field {
+    RT_CTX_TO_SAVE = 0,              /* to_save (save_for_backward) */
+    RT_CTX_NON_DIFFERENTIABLE,       /* non_differentiable (mark_non_differentiable) */
+    RT_CTX_MATERIALIZE_NON_DIFF_GRADS, /* _materialize_non_diff_grads */
+    RT_CTX_TENSORS_NO_VC_CHECK,      /* _tensors_no_vc_check */
+    RT_CTX_SYMINTS,                  /* symints */
+    RT_CTX_OPAQUE_OBJECTS,           /* opaque_objects */
+    RT_CTX_EXTERNAL_OBJECTS,         /* _external_objects (2.14) */
+    RT_CTX_SAVED_TENSORS,            /* saved_tensors (read only) */
+    RT_CTX_N_FIELDS
+};
 
 /* Why node_apply left a call to upstream's Function.apply. */
 enum rt_node_declined {

@@ -145,6 +145,12 @@ struct CompiledFunctionNode final : Node {
       return;
     }
     GilAcquire gil;
+    release_saved();
+  }
+
+  // The same, for a caller that holds the GIL (maybe_clear_saved_tensors):
+  // PyGILState_Ensure/Release cost more than the rest of the call.
+  void release_saved() {
     saved_variables.clear();
     has_freed_buffers = true;
   }
@@ -370,7 +376,7 @@ PyGetSetDef node_properties[] = {
 PyObject* maybe_clear_saved_tensors(PyObject* self, PyObject* /*noargs*/) {
   HANDLE_TH_ERRORS
   if (!torch::autograd::get_current_graph_task_keep_graph()) {
-    node_of(self)->release_variables();
+    node_of(self)->release_saved();  // a method call: the GIL is held
   }
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
@@ -714,6 +720,60 @@ PyObject* rt_node_apply(PyObject* cls, PyObject* args, int* declined) noexcept {
 
 int rt_node_check(PyObject* obj) noexcept {
   return Py_IS_TYPE(obj, &node_type) ? 1 : 0;
+}
+
+// The getsets above, by field (attribute access without the look-up)
+PyObject* rt_node_get(PyObject* node, int field) noexcept {
+  switch (field) {
+    case RT_CTX_TO_SAVE:
+      return get_slot_attr<&CompiledFunctionNode::to_save>(node, nullptr);
+    case RT_CTX_NON_DIFFERENTIABLE:
+      return get_slot_attr<&CompiledFunctionNode::non_differentiable>(node, nullptr);
+    case RT_CTX_MATERIALIZE_NON_DIFF_GRADS:
+      return get_materialize_non_diff_grads(node, nullptr);
+    case RT_CTX_TENSORS_NO_VC_CHECK:
+      return get_dict_attr<&CompiledFunctionNode::tensors_no_vc_check>(
+          node, const_cast<char*>("_tensors_no_vc_check"));
+    case RT_CTX_SYMINTS:
+      return get_dict_attr<&CompiledFunctionNode::symints>(node, const_cast<char*>("symints"));
+    case RT_CTX_OPAQUE_OBJECTS:
+      return get_dict_attr<&CompiledFunctionNode::opaque_objects>(
+          node, const_cast<char*>("opaque_objects"));
+    case RT_CTX_EXTERNAL_OBJECTS:
+      return get_dict_attr<&CompiledFunctionNode::external_objects>(
+          node, const_cast<char*>("_external_objects"));
+    case RT_CTX_SAVED_TENSORS:
+      return get_saved_tensors(node, nullptr);
+    default:
+      PyErr_SetString(PyExc_SystemError, "torch_aot_rt: unknown ctx field");
+      return nullptr;
+  }
+}
+
+int rt_node_set(PyObject* node, int field, PyObject* value) noexcept {
+  switch (field) {
+    case RT_CTX_TO_SAVE:
+      return set_attr<&CompiledFunctionNode::to_save>(node, value, const_cast<char*>("to_save"));
+    case RT_CTX_NON_DIFFERENTIABLE:
+      return set_attr<&CompiledFunctionNode::non_differentiable>(
+          node, value, const_cast<char*>("non_differentiable"));
+    case RT_CTX_MATERIALIZE_NON_DIFF_GRADS:
+      return set_materialize_non_diff_grads(node, value, nullptr);
+    case RT_CTX_TENSORS_NO_VC_CHECK:
+      return set_attr<&CompiledFunctionNode::tensors_no_vc_check>(
+          node, value, const_cast<char*>("_tensors_no_vc_check"));
+    case RT_CTX_SYMINTS:
+      return set_attr<&CompiledFunctionNode::symints>(node, value, const_cast<char*>("symints"));
+    case RT_CTX_OPAQUE_OBJECTS:
+      return set_attr<&CompiledFunctionNode::opaque_objects>(
+          node, value, const_cast<char*>("opaque_objects"));
+    case RT_CTX_EXTERNAL_OBJECTS:
+      return set_attr<&CompiledFunctionNode::external_objects>(
+          node, value, const_cast<char*>("_external_objects"));
+    default:  // saved_tensors has no setter: what setattr raises
+      PyErr_SetString(PyExc_AttributeError, "torch_aot_rt: ctx field is read-only");
+      return -1;
+  }
 }
 
 int rt_node_maybe_clear_saved(PyObject* ctx) noexcept {

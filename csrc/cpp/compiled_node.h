@@ -7,5 +7,7 @@
 PyObject* rt_node_apply(PyObject* cls, PyObject* args, int* declined) noexcept;
 int rt_node_check(PyObject* obj) noexcept;
 int rt_node_maybe_clear_saved(PyObject* ctx) noexcept;
+PyObject* rt_node_get(PyObject* node, int field) noexcept;
+int rt_node_set(PyObject* node, int field, PyObject* value) noexcept;
 // Readies and registers the node's Python type (once per process).
 int rt_node_type_init(void) noexcept;

@@ -11,8 +11,15 @@
 #include <Python.h>
 
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/ThreadLocalPythonObjects.h>
 #include <c10/core/AutogradState.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/PyInterpreter.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <string>
 
 #include "../torch_cpp_api.h"
 #include "compiled_node.h"
@@ -42,6 +49,88 @@ void set_view_replay_enabled(int enabled) noexcept {
   c10::AutogradState::get_tls_state().set_view_replay_enabled(enabled != 0);
 }
 
+// torch._C._are_functorch_transforms_active (python_dispatch.cpp)
+int functorch_transforms_active() noexcept {
+  const auto included = c10::impl::tls_local_dispatch_key_set().included_;
+  return included.has(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
+                 included.has(c10::DispatchKey::FuncTorchDynamicLayerBackMode)
+             ? 1
+             : 0;
+}
+
+int graph_task_keep_graph() noexcept {
+  return torch::autograd::get_current_graph_task_keep_graph() ? 1 : 0;
+}
+
+// _is_key_in_tls(key) and _get_obj_in_tls(key) (python_torch_functions /
+// Module.cpp): the same map, read once each; the binding returns the
+// stored object with a new reference.
+PyObject* tls_object(PyObject* key) noexcept {
+  Py_ssize_t n = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(key, &n);
+  if (data == nullptr) {
+    PyErr_Clear();  // the caller passes an interned str: never reached
+    return nullptr;
+  }
+  const std::string k(data, static_cast<size_t>(n));
+  if (!at::impl::ThreadLocalPythonObjects::contains(k)) {
+    return nullptr;
+  }
+  const auto& obj = at::impl::ThreadLocalPythonObjects::get(k);
+  return Py_NewRef(obj->ptr(getPyInterpreter()));
+}
+
+// Where sizes(), strides() and is_view() are what the Python methods
+// return (no Python dispatch, no functorch wrapper, no symbolic sizes,
+// dense strided): otherwise the caller asks the method.
+bool plain_strided(const at::Tensor& t) {
+  constexpr c10::DispatchKeySet special({
+      c10::DispatchKey::Python,
+      c10::DispatchKey::PythonTLSSnapshot,
+      c10::DispatchKey::FuncTorchGradWrapper,
+      c10::DispatchKey::FuncTorchBatched,
+      c10::DispatchKey::Functionalize,
+  });
+  return !t.key_set().has_any(special) && !t.is_nested() && t.layout() == c10::kStrided &&
+         !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+}
+
+// THPVariable__is_view, past its torch-function check
+int tensor_is_view(PyObject* x) noexcept {
+  const at::Tensor& t = THPVariable_Unpack(x);
+  if (!plain_strided(t)) {
+    return -1;
+  }
+  return t.is_view() ? 1 : 0;
+}
+
+// coerce_to_expected_memory_format's `x.shape == expected_size and
+// x.stride() == expected_stride`, past the torch-function checks of
+// Tensor.shape and Tensor.stride
+int tensor_size_stride_equal(PyObject* x, Py_ssize_t ndim, const int64_t* sizes,
+                             const int64_t* strides) noexcept {
+  const at::Tensor& t = THPVariable_Unpack(x);
+  if (!plain_strided(t)) {
+    return -1;
+  }
+  if (t.dim() != ndim) {
+    return 0;
+  }
+  const auto sz = t.sizes();
+  const auto st = t.strides();
+  for (Py_ssize_t i = 0; i < ndim; i++) {
+    if (sz[static_cast<size_t>(i)] != sizes[i]) {
+      return 0;
+    }
+  }
+  for (Py_ssize_t i = 0; i < ndim; i++) {
+    if (st[static_cast<size_t>(i)] != strides[i]) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
 const rt_cpp_api api = {
     RT_CPP_API_VERSION,
     torch_function_mode_enabled,
@@ -52,6 +141,13 @@ const rt_cpp_api api = {
     rt_node_apply,
     rt_node_check,
     rt_node_maybe_clear_saved,
+    rt_node_get,
+    rt_node_set,
+    functorch_transforms_active,
+    graph_task_keep_graph,
+    tls_object,
+    tensor_is_view,
+    tensor_size_stride_equal,
 };
 
 int module_exec(PyObject* module) {
