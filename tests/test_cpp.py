@@ -95,6 +95,37 @@ def test_setters_reach_torch_function_mode_training():
     assert "_set_view_replay_enabled" in results[False][0], results[False]
 
 
+def f_saves_intermediate(x):
+    y = x * 2
+    return (y.sin(),)  # saves y, not a graph input: its _is_view() is asked
+
+
+def test_tensor_queries_reach_torch_function_mode():
+    """The tensor queries the C++ part answers (_is_view, the tangent's shape
+    and stride) go to an active mode as upstream's do; the mode is active in
+    the forward and around the backward, with a tangent of matching strides
+    and one that needs re-striding."""
+    results = {}
+    for use_c in (False, True):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        x = torch.randn(3, 4, requires_grad=True)
+        with D.runtime(use_c):
+            g = aot_function(f_saves_intermediate, fw_compiler=nop, bw_compiler=nop)
+            g(x)
+        seen = []
+        for grad in (torch.ones(3, 4), torch.ones(4, 3).t()):
+            mode = RecordingMode()
+            with mode:
+                (out,) = g(x)
+                out.backward(grad)
+            seen.append((mode.seen, D.TensorValue(x.grad)))
+            x.grad = None
+        results[use_c] = seen
+    D.assert_same(results[False], results[True])
+    assert "_is_view" in results[False][0][0], results[False]
+
+
 def test_grad_mode_state_after_calls():
     """The TLS itself, without a mode: grad mode and view replay as upstream
     leaves them, after a normal call and after one that raises."""
