@@ -22,6 +22,7 @@
 #include <ATen/FuncTorchTLS.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/function.h>
@@ -33,6 +34,7 @@
 #include <torch/csrc/jit/frontend/tracer.h>
 #include <torch/headeronly/version.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <unordered_set>
@@ -94,7 +96,8 @@ struct CompiledFunctionNode final : Node {
   // What THPFunction keeps for PyNode (python_function.h), minus what
   // CompiledFunction never uses (dirty tensors, setup_context, jvp,
   // materialize_grads=False, saved_for_forward).
-  std::vector<bool> is_variable_input;
+  // inline for up to 8 forward arguments: no allocation per call
+  c10::SmallVector<bool, 8> is_variable_input;
   std::vector<VariableInfo> output_info;
   std::vector<SavedVariable> saved_variables;
   bool has_freed_buffers = false;
@@ -434,7 +437,7 @@ PyMethodDef node_methods[] = {
 // Why a call cannot be exactly upstream's with this node (checked before
 // anything observable happens), or RT_NODE_TAKEN.
 int decline_reason(PyObject* args, variable_list& input_vars,
-                   std::vector<bool>& is_variable_input, bool& any_requires_grad) {
+                   c10::SmallVector<bool, 8>& is_variable_input, bool& any_requires_grad) {
   if (torch::jit::tracer::isTracing()) {
     return RT_NODE_JIT_TRACING;  // _trace_pre_record/_trace_post_record
   }
@@ -624,12 +627,13 @@ PyObject* process_outputs(const c10::intrusive_ptr<CompiledFunctionNode>& node,
   }
   // SavedVariables after the outputs got their grad_fn
   if (is_executable && !to_save.empty()) {
-    std::unordered_set<at::TensorImpl*> output_impls;
-    output_impls.reserve(static_cast<size_t>(num_outputs));
+    // is_output: the saved tensor is one of the outputs (_save_variables);
+    // a scan of the outputs, which are few
+    c10::SmallVector<at::TensorImpl*, 8> output_impls;
     for (Py_ssize_t i = 0; i < num_outputs; i++) {
       PyObject* obj = PyTuple_GET_ITEM(outputs.get(), i);
       if (THPVariable_Check(obj)) {
-        output_impls.insert(THPVariable_Unpack(obj).unsafeGetTensorImpl());
+        output_impls.push_back(THPVariable_Unpack(obj).unsafeGetTensorImpl());
       }
     }
     node->saved_variables.clear();
@@ -638,7 +642,9 @@ PyObject* process_outputs(const c10::intrusive_ptr<CompiledFunctionNode>& node,
       if (!t.has_value()) {
         node->saved_variables.emplace_back();
       } else {
-        bool is_output = output_impls.count(t->unsafeGetTensorImpl()) > 0;
+        const at::TensorImpl* impl = t->unsafeGetTensorImpl();
+        bool is_output = std::find(output_impls.begin(), output_impls.end(), impl) !=
+                         output_impls.end();
         node->saved_variables.emplace_back(*t, is_output);
       }
     }
@@ -664,7 +670,7 @@ PyObject* process_outputs(const c10::intrusive_ptr<CompiledFunctionNode>& node,
 PyObject* rt_node_apply(PyObject* cls, PyObject* args, int* declined) noexcept {
   HANDLE_TH_ERRORS
   variable_list input_vars;
-  std::vector<bool> is_variable_input;
+  c10::SmallVector<bool, 8> is_variable_input;
   bool any_requires_grad = false;
   *declined = decline_reason(args, input_vars, is_variable_input, any_requires_grad);
   if (*declined != RT_NODE_TAKEN) {
