@@ -23,6 +23,7 @@
 
 #include "../torch_cpp_api.h"
 #include "compiled_node.h"
+#include "tensor_kinds.h"
 
 namespace {
 
@@ -84,15 +85,8 @@ PyObject* tls_object(PyObject* key) noexcept {
 // return (no Python dispatch, no functorch wrapper, no symbolic sizes,
 // dense strided): otherwise the caller asks the method.
 bool plain_strided(const at::Tensor& t) {
-  constexpr c10::DispatchKeySet special({
-      c10::DispatchKey::Python,
-      c10::DispatchKey::PythonTLSSnapshot,
-      c10::DispatchKey::FuncTorchGradWrapper,
-      c10::DispatchKey::FuncTorchBatched,
-      c10::DispatchKey::Functionalize,
-  });
-  return !t.key_set().has_any(special) && !t.is_nested() && t.layout() == c10::kStrided &&
-         !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+  return !t.key_set().has_any(rt_tensor_kinds::kPythonFacing) && !t.is_nested() &&
+         t.layout() == c10::kStrided && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
 }
 
 // THPVariable__is_view, past its torch-function check

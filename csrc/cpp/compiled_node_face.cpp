@@ -1,0 +1,265 @@
+// compiled_node_face.cpp: the Python face of CompiledFunction's C++ node
+// (compiled_node.cpp): grad_fn, a THPCppFunction of a type registered as
+// torch._C._functions.CompiledFunctionBackward, with the ctx attributes
+// upstream's BackwardCFunction has and the C forward/backward plans use.
+#include "compiled_node_impl.h"
+
+using namespace rt_node;
+using torch::autograd::THPCppFunction_input_metadata;
+using torch::autograd::THPCppFunction_metadata;
+using torch::autograd::THPCppFunction_name;
+using torch::autograd::THPCppFunction_next_functions;
+using torch::autograd::THPCppFunction_register_hook;
+using torch::autograd::THPCppFunction_register_hook_dict;
+using torch::autograd::THPCppFunction_register_prehook;
+using torch::autograd::THPCppFunction_requires_grad;
+using torch::autograd::THPCppFunction_sequence_nr;
+
+namespace rt_node {
+PyTypeObject node_type;
+PyObject* str_forward = nullptr;
+PyObject* str_backward = nullptr;
+}  // namespace rt_node
+
+namespace {
+
+// THPFunction_saved_tensors / unpack_saved_variables
+PyObject* get_saved_tensors(PyObject* self, void* /*closure*/) {
+  HANDLE_TH_ERRORS
+  CompiledFunctionNode* node = node_of(self);
+  TORCH_CHECK(!node->has_freed_buffers, torch::autograd::ERR_BACKWARD_TWICE);
+  const auto& saved = node->saved_variables;
+  THPObjectPtr result(PyTuple_New(static_cast<Py_ssize_t>(saved.size())));
+  if (!result) {
+    return nullptr;
+  }
+  auto saved_for = node->getptr();
+  for (size_t i = 0; i < saved.size(); i++) {
+    Variable var = saved[i].unpack(saved_for);
+    PyObject* value = var.defined() ? THPVariable_Wrap(var) : Py_NewRef(Py_None);
+    if (!value) {
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(result.get(), static_cast<Py_ssize_t>(i), value);
+  }
+  return result.release();
+  END_HANDLE_TH_ERRORS
+}
+
+// Attributes upstream's forward puts in ctx.__dict__: AttributeError until set.
+template <PyObject* CompiledFunctionNode::*field>
+PyObject* get_dict_attr(PyObject* self, void* closure) {
+  PyObject* value = node_of(self)->*field;
+  if (value == nullptr) {
+    PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%s'", kNodeName,
+                 static_cast<const char*>(closure));
+    return nullptr;
+  }
+  return Py_NewRef(value);
+}
+
+// to_save / non_differentiable: THPFunction's getObject (None when unset).
+template <PyObject* CompiledFunctionNode::*field>
+PyObject* get_slot_attr(PyObject* self, void* /*closure*/) {
+  PyObject* value = node_of(self)->*field;
+  return Py_NewRef(value ? value : Py_None);
+}
+
+template <PyObject* CompiledFunctionNode::*field>
+int set_attr(PyObject* self, PyObject* value, void* closure) {
+  if (value == nullptr) {
+    PyErr_Format(PyExc_AttributeError, "cannot delete attribute '%s'",
+                 static_cast<const char*>(closure));
+    return -1;
+  }
+  Py_XSETREF(node_of(self)->*field, Py_NewRef(value));
+  return 0;
+}
+
+PyObject* get_materialize_non_diff_grads(PyObject* self, void* /*closure*/) {
+  return PyBool_FromLong(node_of(self)->materialize_non_diff_grads);
+}
+
+int set_materialize_non_diff_grads(PyObject* self, PyObject* value, void* /*closure*/) {
+  if (value == nullptr || !PyBool_Check(value)) {
+    PyErr_SetString(PyExc_TypeError, "_materialize_non_diff_grads must be a bool");
+    return -1;
+  }
+  node_of(self)->materialize_non_diff_grads = Py_IsTrue(value);
+  return 0;
+}
+
+#define RT_DICT_ATTR(name, field)                                                   \
+  {(char*)name, get_dict_attr<&CompiledFunctionNode::field>,                        \
+   set_attr<&CompiledFunctionNode::field>, nullptr, (void*)name}
+#define RT_SLOT_ATTR(name, field)                                                   \
+  {(char*)name, get_slot_attr<&CompiledFunctionNode::field>,                        \
+   set_attr<&CompiledFunctionNode::field>, nullptr, (void*)name}
+
+PyGetSetDef node_properties[] = {
+    THP_FUNCTION_DEFAULT_PROPERTIES,
+    {(char*)"saved_tensors", get_saved_tensors, nullptr, nullptr, nullptr},
+    {(char*)"_forward_cls", get_slot_attr<&CompiledFunctionNode::forward_cls>, nullptr, nullptr,
+     nullptr},
+    RT_SLOT_ATTR("to_save", to_save),
+    RT_SLOT_ATTR("non_differentiable", non_differentiable),
+    RT_DICT_ATTR("_tensors_no_vc_check", tensors_no_vc_check),
+    RT_DICT_ATTR("symints", symints),
+    RT_DICT_ATTR("opaque_objects", opaque_objects),
+    RT_DICT_ATTR("_external_objects", external_objects),
+    {(char*)"_materialize_non_diff_grads", get_materialize_non_diff_grads,
+     set_materialize_non_diff_grads, nullptr, nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+// THPFunction_maybe_clear_saved_tensors
+PyObject* maybe_clear_saved_tensors(PyObject* self, PyObject* /*noargs*/) {
+  HANDLE_TH_ERRORS
+  if (!torch::autograd::get_current_graph_task_keep_graph()) {
+    node_of(self)->release_saved();  // a method call: the GIL is held
+  }
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// BackwardCFunction.apply(*grads) and apply_boxed(grads): the backward
+// called by hand, as `_forward_cls.backward(ctx, [*grads])` and
+// `_forward_cls.backward(ctx, grads)` (CompiledFunction has
+// boxed_grads_call, and no vjp).
+PyObject* call_backward(PyObject* self, PyObject* grads) {
+  THPObjectPtr backward(PyObject_GetAttr(node_of(self)->forward_cls, str_backward));
+  if (!backward) {
+    return nullptr;
+  }
+  PyObject* argv[2] = {self, grads};
+  return PyObject_Vectorcall(backward.get(), argv, 2, nullptr);
+}
+
+PyObject* apply_grads(PyObject* self, PyObject* args) {
+  THPObjectPtr grads(PySequence_List(args));
+  return grads ? call_backward(self, grads.get()) : nullptr;
+}
+
+PyObject* apply_boxed(PyObject* self, PyObject* grads) {
+  return call_backward(self, grads);
+}
+
+// THPCppFunction_set_sequence_nr (not exported by torch)
+PyObject* set_sequence_nr(PyObject* self, PyObject* sequence_nr) {
+  HANDLE_TH_ERRORS
+  uint64_t nr = PyLong_AsUnsignedLongLong(sequence_nr);
+  if (nr == static_cast<uint64_t>(-1) && PyErr_Occurred()) {
+    return nullptr;
+  }
+  node_of(self)->set_sequence_nr(nr);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef node_methods[] = {
+    {(char*)"_register_hook_dict", THPCppFunction_register_hook_dict, METH_O, nullptr},
+    {(char*)"register_hook", THPCppFunction_register_hook, METH_O, nullptr},
+    {(char*)"register_prehook", THPCppFunction_register_prehook, METH_O, nullptr},
+    {(char*)"name", THPCppFunction_name, METH_NOARGS, nullptr},
+    {(char*)"_sequence_nr", THPCppFunction_sequence_nr, METH_NOARGS, nullptr},
+    {(char*)"_set_sequence_nr", set_sequence_nr, METH_O, nullptr},
+    {(char*)"maybe_clear_saved_tensors", maybe_clear_saved_tensors, METH_NOARGS, nullptr},
+    {(char*)"apply", apply_grads, METH_VARARGS, nullptr},
+    {(char*)"apply_boxed", apply_boxed, METH_O, nullptr},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+}  // namespace
+
+int rt_node_check(PyObject* obj) noexcept {
+  return Py_IS_TYPE(obj, &node_type) ? 1 : 0;
+}
+
+// The getsets above, by field (attribute access without the look-up)
+PyObject* rt_node_get(PyObject* node, int field) noexcept {
+  switch (field) {
+    case RT_CTX_TO_SAVE:
+      return get_slot_attr<&CompiledFunctionNode::to_save>(node, nullptr);
+    case RT_CTX_NON_DIFFERENTIABLE:
+      return get_slot_attr<&CompiledFunctionNode::non_differentiable>(node, nullptr);
+    case RT_CTX_MATERIALIZE_NON_DIFF_GRADS:
+      return get_materialize_non_diff_grads(node, nullptr);
+    case RT_CTX_TENSORS_NO_VC_CHECK:
+      return get_dict_attr<&CompiledFunctionNode::tensors_no_vc_check>(
+          node, const_cast<char*>("_tensors_no_vc_check"));
+    case RT_CTX_SYMINTS:
+      return get_dict_attr<&CompiledFunctionNode::symints>(node, const_cast<char*>("symints"));
+    case RT_CTX_OPAQUE_OBJECTS:
+      return get_dict_attr<&CompiledFunctionNode::opaque_objects>(
+          node, const_cast<char*>("opaque_objects"));
+    case RT_CTX_EXTERNAL_OBJECTS:
+      return get_dict_attr<&CompiledFunctionNode::external_objects>(
+          node, const_cast<char*>("_external_objects"));
+    case RT_CTX_SAVED_TENSORS:
+      return get_saved_tensors(node, nullptr);
+    default:
+      PyErr_SetString(PyExc_SystemError, "torch_aot_rt: unknown ctx field");
+      return nullptr;
+  }
+}
+
+int rt_node_set(PyObject* node, int field, PyObject* value) noexcept {
+  switch (field) {
+    case RT_CTX_TO_SAVE:
+      return set_attr<&CompiledFunctionNode::to_save>(node, value, const_cast<char*>("to_save"));
+    case RT_CTX_NON_DIFFERENTIABLE:
+      return set_attr<&CompiledFunctionNode::non_differentiable>(
+          node, value, const_cast<char*>("non_differentiable"));
+    case RT_CTX_MATERIALIZE_NON_DIFF_GRADS:
+      return set_materialize_non_diff_grads(node, value, nullptr);
+    case RT_CTX_TENSORS_NO_VC_CHECK:
+      return set_attr<&CompiledFunctionNode::tensors_no_vc_check>(
+          node, value, const_cast<char*>("_tensors_no_vc_check"));
+    case RT_CTX_SYMINTS:
+      return set_attr<&CompiledFunctionNode::symints>(node, value, const_cast<char*>("symints"));
+    case RT_CTX_OPAQUE_OBJECTS:
+      return set_attr<&CompiledFunctionNode::opaque_objects>(
+          node, value, const_cast<char*>("opaque_objects"));
+    case RT_CTX_EXTERNAL_OBJECTS:
+      return set_attr<&CompiledFunctionNode::external_objects>(
+          node, value, const_cast<char*>("_external_objects"));
+    default:  // saved_tensors has no setter: what setattr raises
+      PyErr_SetString(PyExc_AttributeError, "torch_aot_rt: ctx field is read-only");
+      return -1;
+  }
+}
+
+int rt_node_maybe_clear_saved(PyObject* ctx) noexcept {
+  PyObject* r = maybe_clear_saved_tensors(ctx, nullptr);
+  if (r == nullptr) {
+    return -1;
+  }
+  Py_DECREF(r);
+  return 0;
+}
+
+int rt_node_type_init(void) noexcept {
+  HANDLE_TH_ERRORS
+  // Once per process: torch keeps the type in its typeid map.
+  if (node_type.tp_name != nullptr) {
+    return 0;
+  }
+  str_forward = PyUnicode_InternFromString("forward");
+  str_backward = PyUnicode_InternFromString("backward");
+  if (!str_forward || !str_backward) {
+    return -1;
+  }
+  torch::autograd::_initFunctionPyTypeObject(node_type, kNodeName, node_properties,
+                                             node_methods);
+  torch::autograd::registerCppFunction(typeid(CompiledFunctionNode), &node_type);
+  // torch.autograd.graph.Node's __subclasshook__ recognises C++ nodes by
+  // their type being torch._C._functions.<name>.
+  THPObjectPtr torch_c(PyImport_ImportModule("torch._C"));
+  THPObjectPtr functions(torch_c ? PyObject_GetAttrString(torch_c.get(), "_functions") : nullptr);
+  if (!functions ||
+      PyObject_SetAttrString(functions.get(), kNodeName, (PyObject*)&node_type) < 0) {
+    return -1;
+  }
+  return 0;
+  END_HANDLE_TH_ERRORS_RET(-1)
+}
