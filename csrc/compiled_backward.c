@@ -284,7 +284,7 @@ backward_impl(CompiledBackward *self, PyObject *ctx, PyObject *all_args)
         return NULL;
     }
     /* ctx.maybe_clear_saved_tensors(): _FunctionBase's, or the C++ node's */
-    if (st->cpp_loaded != NULL && st->cpp_loaded->node_check(ctx)) {
+    if (rt_is_cpp_node(st, ctx)) {
         if (st->cpp_loaded->node_maybe_clear_saved(ctx) < 0) {
             return NULL;
         }

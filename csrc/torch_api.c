@@ -738,19 +738,20 @@ ctx_field_name(rt_state *st, enum rt_ctx_field field)
     }
 }
 
-/* The node type is a static type: its getsets cannot be replaced, so the
- * direct call is what the attribute look-up ends in. cpp_loaded, not cpp:
- * nodes made before the routes were switched off are still nodes. */
-static int
-is_cpp_node(rt_state *st, PyObject *ctx)
+/* cpp_loaded, not cpp: nodes made before the routes were switched off are
+ * still nodes. */
+int
+rt_is_cpp_node(rt_state *st, PyObject *ctx)
 {
     return st->cpp_loaded != NULL && st->cpp_loaded->node_check(ctx);
 }
 
+/* The node type is a static type: its getsets cannot be replaced, so the
+ * direct call is what the attribute look-up ends in. */
 PyObject *
 rt_ctx_get(rt_state *st, PyObject *ctx, enum rt_ctx_field field)
 {
-    if (is_cpp_node(st, ctx)) {
+    if (rt_is_cpp_node(st, ctx)) {
         return st->cpp_loaded->node_get(ctx, (int)field);
     }
     return PyObject_GetAttr(ctx, ctx_field_name(st, field));
@@ -759,7 +760,7 @@ rt_ctx_get(rt_state *st, PyObject *ctx, enum rt_ctx_field field)
 int
 rt_ctx_set(rt_state *st, PyObject *ctx, enum rt_ctx_field field, PyObject *value)
 {
-    if (is_cpp_node(st, ctx)) {
+    if (rt_is_cpp_node(st, ctx)) {
         return st->cpp_loaded->node_set(ctx, (int)field, value);
     }
     return PyObject_SetAttr(ctx, ctx_field_name(st, field), value);

@@ -237,6 +237,8 @@ int rt_is_tensor(rt_state *st, PyObject *obj);
 /* self.<method>(*args): new reference. */
 PyObject *rt_tensor_call(rt_state *st, enum rt_tensor_method m, PyObject *self,
                          PyObject *const *args, Py_ssize_t nargs);
+/* ctx is a grad_fn of the C++ part's CompiledFunction node: 1, else 0 */
+int rt_is_cpp_node(rt_state *st, PyObject *ctx);
 /* getattr(ctx, name) / setattr(ctx, name, value) for the attributes of
  * enum rt_ctx_field: on the C++ node, its getset called directly */
 PyObject *rt_ctx_get(rt_state *st, PyObject *ctx, enum rt_ctx_field field);

@@ -4,6 +4,8 @@
 // upstream's BackwardCFunction has and the C forward/backward plans use.
 #include "compiled_node_impl.h"
 
+#include <cstring>
+
 using namespace rt_node;
 using torch::autograd::THPCppFunction_input_metadata;
 using torch::autograd::THPCppFunction_metadata;
@@ -175,58 +177,62 @@ int rt_node_check(PyObject* obj) noexcept {
   return Py_IS_TYPE(obj, &node_type) ? 1 : 0;
 }
 
-// The getsets above, by field (attribute access without the look-up)
-PyObject* rt_node_get(PyObject* node, int field) noexcept {
-  switch (field) {
-    case RT_CTX_TO_SAVE:
-      return get_slot_attr<&CompiledFunctionNode::to_save>(node, nullptr);
-    case RT_CTX_NON_DIFFERENTIABLE:
-      return get_slot_attr<&CompiledFunctionNode::non_differentiable>(node, nullptr);
-    case RT_CTX_MATERIALIZE_NON_DIFF_GRADS:
-      return get_materialize_non_diff_grads(node, nullptr);
-    case RT_CTX_TENSORS_NO_VC_CHECK:
-      return get_dict_attr<&CompiledFunctionNode::tensors_no_vc_check>(
-          node, const_cast<char*>("_tensors_no_vc_check"));
-    case RT_CTX_SYMINTS:
-      return get_dict_attr<&CompiledFunctionNode::symints>(node, const_cast<char*>("symints"));
-    case RT_CTX_OPAQUE_OBJECTS:
-      return get_dict_attr<&CompiledFunctionNode::opaque_objects>(
-          node, const_cast<char*>("opaque_objects"));
-    case RT_CTX_EXTERNAL_OBJECTS:
-      return get_dict_attr<&CompiledFunctionNode::external_objects>(
-          node, const_cast<char*>("_external_objects"));
-    case RT_CTX_SAVED_TENSORS:
-      return get_saved_tensors(node, nullptr);
-    default:
-      PyErr_SetString(PyExc_SystemError, "torch_aot_rt: unknown ctx field");
-      return nullptr;
+namespace {
+
+// The getsets of node_properties by rt_ctx_field (torch_cpp_api.h's order),
+// resolved by name at rt_node_type_init: the C core's attribute access
+// without the look-up, through the very getset setattr/getattr would find.
+constexpr const char* kCtxFieldNames[] = {
+    "to_save",        "non_differentiable", "_materialize_non_diff_grads",
+    "_tensors_no_vc_check", "symints",      "opaque_objects",
+    "_external_objects", "saved_tensors",
+};
+static_assert(sizeof(kCtxFieldNames) / sizeof(kCtxFieldNames[0]) == RT_CTX_N_FIELDS,
+              "one name per rt_ctx_field");
+const PyGetSetDef* ctx_field_defs[RT_CTX_N_FIELDS];
+
+int resolve_ctx_fields() {
+  for (int f = 0; f < RT_CTX_N_FIELDS; f++) {
+    for (const PyGetSetDef* d = node_properties; d->name != nullptr; d++) {
+      if (std::strcmp(d->name, kCtxFieldNames[f]) == 0) {
+        ctx_field_defs[f] = d;
+      }
+    }
+    if (ctx_field_defs[f] == nullptr) {
+      PyErr_Format(PyExc_SystemError, "torch_aot_rt: node has no attribute '%s'",
+                   kCtxFieldNames[f]);
+      return -1;
+    }
   }
+  return 0;
+}
+
+const PyGetSetDef* ctx_field_def(int field) {
+  if (field < 0 || field >= RT_CTX_N_FIELDS) {
+    PyErr_SetString(PyExc_SystemError, "torch_aot_rt: unknown ctx field");
+    return nullptr;
+  }
+  return ctx_field_defs[field];
+}
+
+}  // namespace
+
+PyObject* rt_node_get(PyObject* node, int field) noexcept {
+  const PyGetSetDef* d = ctx_field_def(field);
+  return d != nullptr ? d->get(node, d->closure) : nullptr;
 }
 
 int rt_node_set(PyObject* node, int field, PyObject* value) noexcept {
-  switch (field) {
-    case RT_CTX_TO_SAVE:
-      return set_attr<&CompiledFunctionNode::to_save>(node, value, const_cast<char*>("to_save"));
-    case RT_CTX_NON_DIFFERENTIABLE:
-      return set_attr<&CompiledFunctionNode::non_differentiable>(
-          node, value, const_cast<char*>("non_differentiable"));
-    case RT_CTX_MATERIALIZE_NON_DIFF_GRADS:
-      return set_materialize_non_diff_grads(node, value, nullptr);
-    case RT_CTX_TENSORS_NO_VC_CHECK:
-      return set_attr<&CompiledFunctionNode::tensors_no_vc_check>(
-          node, value, const_cast<char*>("_tensors_no_vc_check"));
-    case RT_CTX_SYMINTS:
-      return set_attr<&CompiledFunctionNode::symints>(node, value, const_cast<char*>("symints"));
-    case RT_CTX_OPAQUE_OBJECTS:
-      return set_attr<&CompiledFunctionNode::opaque_objects>(
-          node, value, const_cast<char*>("opaque_objects"));
-    case RT_CTX_EXTERNAL_OBJECTS:
-      return set_attr<&CompiledFunctionNode::external_objects>(
-          node, value, const_cast<char*>("_external_objects"));
-    default:  // saved_tensors has no setter: what setattr raises
-      PyErr_SetString(PyExc_AttributeError, "torch_aot_rt: ctx field is read-only");
-      return -1;
+  const PyGetSetDef* d = ctx_field_def(field);
+  if (d == nullptr) {
+    return -1;
   }
+  if (d->set == nullptr) {  // what setattr raises for a getset without a setter
+    PyErr_Format(PyExc_AttributeError, "attribute '%s' of '%s' objects is not writable",
+                 d->name, kNodeName);
+    return -1;
+  }
+  return d->set(node, value, d->closure);
 }
 
 int rt_node_maybe_clear_saved(PyObject* ctx) noexcept {
@@ -247,6 +253,9 @@ int rt_node_type_init(void) noexcept {
   str_forward = PyUnicode_InternFromString("forward");
   str_backward = PyUnicode_InternFromString("backward");
   if (!str_forward || !str_backward) {
+    return -1;
+  }
+  if (resolve_ctx_fields() < 0) {
     return -1;
   }
   torch::autograd::_initFunctionPyTypeObject(node_type, kNodeName, node_properties,
