@@ -18,6 +18,18 @@ import re
 
 CPP_ENV = "TORCH_AOT_RT_CPP"
 
+# The torch series whose headers the C++ part (csrc/cpp/) compiles against.
+# From 2.13 on, torch::autograd::Node is owned by c10::intrusive_ptr, which the
+# node code relies on; before, by std::shared_ptr (2.10's function.h:
+# `struct Node : std::enable_shared_from_this<Node>`; 2.11 and 2.12, issue 17,
+# where the compile failed the install). 2.15's headers were checked to build.
+# setup.py compiles the part only for these series.
+CPP_SERIES = ((2, 13), (2, 14), (2, 15))
+
+# Where the records and modules are; a name of its own so tests can point it
+# at records of their own.
+_DIR = os.path.dirname(os.path.abspath(__file__))
+
 
 def _switched_off() -> bool:
     return os.environ.get(CPP_ENV, "").strip().lower() in ("0", "false", "off", "no")
@@ -25,6 +37,25 @@ def _switched_off() -> bool:
 
 def module_name(torch_version: str) -> str:
     return "_torch_cpp_" + re.sub(r"[^0-9A-Za-z]", "_", torch_version)
+
+
+def torch_series(torch_version: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of a torch version string ("2.14.1+cu130" -> (2, 14))."""
+    m = re.match(r"\s*(\d+)\.(\d+)", torch_version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def headers_unsupported(series: tuple[int, int] | None) -> str | None:
+    """Why setup.py does not compile the C++ part against a series' headers,
+    or None when it does."""
+    if series in CPP_SERIES:
+        return None
+    which = "torch %d.%d's headers are" % series if series else "a torch of unknown series is"
+    supported = ", ".join("%d.%d" % s for s in CPP_SERIES)
+    return (
+        f"{which} not supported by the C++ part (it builds against torch "
+        f"{supported}: torch::autograd::Node owned by c10::intrusive_ptr)"
+    )
 
 
 def torch_identity(torch) -> dict:
@@ -37,15 +68,18 @@ def torch_identity(torch) -> dict:
     }
 
 
+def record_path(torch_version: str) -> str:
+    return os.path.join(_DIR, module_name(torch_version) + ".json")
+
+
 def load(torch):
     """``(capsule, module name, None)`` or ``(None, None, reason)``."""
     if _switched_off():
         return None, None, f"switched off ({CPP_ENV}=0)"
     version = str(torch.__version__)
     name = module_name(version)
-    path = os.path.join(os.path.dirname(__file__), name + ".json")
     try:
-        with open(path) as f:
+        with open(record_path(version)) as f:
             record = json.load(f)
     except FileNotFoundError:
         return None, None, f"not built for torch {version} (no {name}.json)"
