@@ -1,14 +1,36 @@
+import contextlib
 import importlib.util
 import json
 import os
+import re
+import sys
+import tempfile
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 # TORCH_AOT_RT_DEBUG=1: -O0 -g with asserts; TORCH_AOT_RT_SANITIZE=1: ASan/UBSan.
-# TORCH_AOT_RT_CPP=0: do not build the C++ part (the C core needs no torch to build).
+#
+# The C++ part (csrc/cpp/) is optional: the C core needs no torch to build, and
+# nothing about the C++ part ever fails an install. It is compiled against the
+# torch importable now when that torch's series is one whose headers it supports
+# (torch_aot_rt/_cpp.py: CPP_SERIES); a compile or link failure is printed as a
+# warning and skipped. Either way a record, torch_aot_rt/_torch_cpp_<version>.json
+# next to the module, says whether it was built and why not; the loader trusts
+# the record, never a module file left in the tree by an earlier build.
+#   TORCH_AOT_RT_CPP=0: do not build the C++ part (recorded as such).
+# For tests of this file:
+#   TORCH_AOT_RT_CPP_FORCE=1: try the C++ part on a series it does not support.
+#   TORCH_AOT_RT_CPP_BREAK=1: make its compile fail, on any torch
+#     (-include of a header that does not exist).
+#   TORCH_AOT_RT_CPP_SERIES_OVERRIDE=X.Y: decide as if the installed torch were
+#     of series X.Y (the record's torch identity stays the real one).
 debug = os.environ.get("TORCH_AOT_RT_DEBUG") == "1"
 sanitize = os.environ.get("TORCH_AOT_RT_SANITIZE") == "1"
-build_cpp = os.environ.get("TORCH_AOT_RT_CPP", "1") != "0"
+force_cpp = os.environ.get("TORCH_AOT_RT_CPP_FORCE") == "1"
+break_cpp = os.environ.get("TORCH_AOT_RT_CPP_BREAK") == "1"
+series_override = os.environ.get("TORCH_AOT_RT_CPP_SERIES_OVERRIDE", "").strip()
+BREAK_HEADER = "/nonexistent/rt_break.h"
 
 common = []
 ldflags = []
@@ -44,30 +66,50 @@ def _load_cpp_loader():
     return module
 
 
+class CppPlan:
+    """What this build does about the C++ part: ``ext`` to compile, or
+    ``reason`` why not; ``record`` is what the build record starts from."""
+
+    def __init__(self, ident, record, ext=None, reason=None):
+        self.ident = ident
+        self.record = record
+        self.ext = ext
+        self.reason = reason
+
+
 def cpp_part():
-    """The C++ part, built against the torch importable now, or None.
+    """The plan for the C++ part with the torch importable now, or None
+    without torch (nothing to build against, nothing to record).
 
     Its module name carries the torch version (torch_aot_rt._torch_cpp_2_14_1_cu130),
     so builds for several releases sit side by side in a checkout, and a JSON
-    record next to it says which torch it was built against: the shim reads the
-    record and loads the module only into that torch (torch_aot_rt/_cpp.py).
+    record next to it says whether it was built and for which torch: the shim
+    reads the record and loads the module only into that torch
+    (torch_aot_rt/_cpp.py).
     """
-    if not build_cpp:
-        return None
     try:
         import torch
     except ImportError:
         return None
     cpp_loader = _load_cpp_loader()
-    root = os.path.dirname(torch.__file__)
     version = str(torch.__version__)
     ident = cpp_loader.module_name(version)
     record = {"module": ident, **cpp_loader.torch_identity(torch)}
-    with open(os.path.join("torch_aot_rt", ident + ".json"), "w") as f:
-        json.dump(record, f, indent=1, sort_keys=True)
-        f.write("\n")
+    if cpp_loader._switched_off():
+        return CppPlan(ident, record, reason=f"{cpp_loader.CPP_ENV}=0 at build")
+    series = cpp_loader.torch_series(version)
+    if series_override:
+        series = cpp_loader.torch_series(series_override)
+    unsupported = cpp_loader.headers_unsupported(series)
+    if series_override and unsupported:
+        unsupported += f" [TORCH_AOT_RT_CPP_SERIES_OVERRIDE={series_override}]"
+    if unsupported and not force_cpp:
+        return CppPlan(ident, record, reason=unsupported)
+    if unsupported:
+        record["forced"] = True  # TORCH_AOT_RT_CPP_FORCE=1 on an unsupported series
+    root = os.path.dirname(torch.__file__)
     lib = os.path.join(root, "lib")
-    return Extension(
+    ext = Extension(
         "torch_aot_rt." + ident,
         sources=listdir(os.path.join("csrc", "cpp"), ".cpp"),
         depends=listdir(os.path.join("csrc", "cpp"), ".h") + ["csrc/torch_cpp_api.h"],
@@ -86,17 +128,129 @@ def cpp_part():
             "-DRT_CPP_MODULE_ID=%s" % ident,
             '-DRT_BUILT_TORCH_VERSION="%s"' % version,
         ]
+        + (["-include", BREAK_HEADER] if break_cpp else [])
         + common,
         library_dirs=[lib],
         libraries=["c10", "torch_cpu", "torch_python"],
         runtime_library_dirs=[lib],
         extra_link_args=ldflags,
+        # a failure is also caught in build_ext_cpp_optional.build_extension;
+        # optional=True keeps setuptools from copying a module that is not there
+        optional=True,
     )
+    return CppPlan(ident, record, ext=ext)
 
 
-cpp = cpp_part()
+def _first_error_line(output):
+    """The compiler's or linker's first error ("x.cpp:1:2: error: ...",
+    "<command-line>: fatal error: ...", "collect2: error: ..."), at most 500
+    characters; else the last line of the output, or None."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if re.search(r"\berror:", line, re.IGNORECASE)]
+    line = errors[0] if errors else (lines[-1] if lines else None)
+    return line[:500] if line else None
+
+
+@contextlib.contextmanager
+def _captured_output():
+    """What this process and its children (the compiler, the linker) write to
+    stdout and stderr inside the block, in ``output[0]`` afterwards; it is
+    written to stderr as well, so the build log keeps it."""
+    output = [""]
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        try:
+            os.dup2(tmp.fileno(), 1)
+            os.dup2(tmp.fileno(), 2)
+            yield output
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            tmp.seek(0)
+            output[0] = tmp.read().decode(errors="replace")
+            sys.stderr.write(output[0])
+            sys.stderr.flush()
+
+
+class build_ext_cpp_optional(build_ext):
+    """build_ext whose C++ part never fails the build, and which writes the
+    build record (built or not, and why) next to where the module goes."""
+
+    def run(self):
+        self._cpp_failure = None
+        super().run()  # builds into build_lib, then copies to the tree if in place
+        plan = CPP
+        # build_lib is what a wheel holds: only this build's C++ part, not
+        # those an earlier build for another torch left there (the source
+        # tree keeps them side by side, for in-place builds)
+        package_build = os.path.join(self.build_lib, "torch_aot_rt")
+        if os.path.isdir(package_build):
+            for f in os.listdir(package_build):
+                ours = plan is not None and f.split(".")[0] == plan.ident
+                if f.startswith("_torch_cpp_") and not ours:
+                    os.remove(os.path.join(package_build, f))
+        if plan is None:
+            return
+        fullname = "torch_aot_rt." + plan.ident
+        filename = self.get_ext_filename(fullname)
+        built_here = os.path.join(self.build_lib, filename)
+        reason = plan.reason or self._cpp_failure
+        if reason is None and not os.path.exists(built_here):
+            version = plan.record["torch_version"]
+            reason = f"building the C++ part against torch {version} produced no module"
+        targets = [os.path.dirname(built_here)]
+        if self.inplace:  # in-place and editable builds: the tree is where it loads from
+            targets.append(os.path.dirname(filename))
+        if reason is not None:
+            # no module of an earlier build may sit next to this build's record
+            for folder in targets:
+                stale = os.path.join(folder, os.path.basename(filename))
+                if os.path.exists(stale):
+                    os.remove(stale)
+            sys.stderr.write(
+                f"WARNING: torch_aot_rt: the optional C++ part ({fullname}) is not built: "
+                f"{reason}; the C core is built and works without it\n"
+            )
+        record = {**plan.record, "built": reason is None, "reason": reason}
+        for folder in targets:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, plan.ident + ".json"), "w") as f:
+                json.dump(record, f, indent=1, sort_keys=True)
+                f.write("\n")
+
+    def build_extension(self, ext):
+        plan = CPP
+        if plan is None or ext is not plan.ext:
+            return super().build_extension(ext)
+        version = plan.record["torch_version"]
+        if break_cpp:  # a module from an earlier build would count as up to date
+            stale = self.get_ext_fullpath(ext.name)
+            if os.path.exists(stale):
+                os.remove(stale)
+        with _captured_output() as output:
+            try:
+                super().build_extension(ext)
+                failure = None
+            except Exception as e:  # never an install failure
+                failure = e
+        if failure is not None:
+            line = _first_error_line(output[0])
+            self._cpp_failure = (
+                f"compiling the C++ part against torch {version} failed: "
+                + (line or f"{type(failure).__name__}: {failure}")
+            )
+
+
+CPP = cpp_part()
 setup(
-    ext_modules=[c_core] + ([cpp] if cpp is not None else []),
-    # the build record travels with the module into a wheel
-    package_data={"torch_aot_rt": ["_torch_cpp_*.json"]},
+    ext_modules=[c_core] + ([CPP.ext] if CPP is not None and CPP.ext is not None else []),
+    # the build record is written by build_ext_cpp_optional next to the module
+    # (in the build tree, and in the source tree for in-place/editable builds)
+    cmdclass={"build_ext": build_ext_cpp_optional},
 )
