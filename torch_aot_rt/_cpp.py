@@ -1,11 +1,14 @@
 """Loading the optional C++ part (``torch_aot_rt._torch_cpp_<version>``).
 
 setup.py builds it against the torch installed at build time (loading this
-file by path for :func:`module_name` and :func:`torch_identity`, so the two
-sides cannot drift) and writes a record (``_torch_cpp_<version>.json``: torch version, git version, C++11 ABI)
-next to it. The module links that torch's libraries, so it is imported only
-after the record matches the running torch: a libtorch with another ABI is
-never loaded. Otherwise, or with ``TORCH_AOT_RT_CPP=0``, the C core runs alone
+file by path, so the two sides cannot drift: keep it stdlib-only) when that
+torch's series is in :data:`CPP_SERIES`, and writes a record
+(``_torch_cpp_<version>.json``: whether it was built and, if not, why; torch
+version, git version, C++11 ABI) next to where the module goes. The module
+links that torch's libraries, so it is imported only after the record says it
+was built and matches the running torch: a libtorch with another ABI is never
+loaded, nor a module left over from an earlier build that the record does not
+vouch for. Otherwise, or with ``TORCH_AOT_RT_CPP=0``, the C core runs alone
 (its Python-callable route to torch) and ``stats()["cpp"]`` says why.
 """
 
@@ -72,24 +75,53 @@ def record_path(torch_version: str) -> str:
     return os.path.join(_DIR, module_name(torch_version) + ".json")
 
 
-def load(torch):
-    """``(capsule, module name, None)`` or ``(None, None, reason)``."""
-    if _switched_off():
-        return None, None, f"switched off ({CPP_ENV}=0)"
+def _verdict(torch) -> tuple[str | None, str]:
+    """``(why the C++ part is absent or None, its module name)``, from the
+    switch and the build record alone: nothing is imported."""
     version = str(torch.__version__)
     name = module_name(version)
+    if _switched_off():
+        return f"switched off ({CPP_ENV}=0)", name
     try:
         with open(record_path(version)) as f:
             record = json.load(f)
     except FileNotFoundError:
-        return None, None, f"not built for torch {version} (no {name}.json)"
+        return f"not built for torch {version} (no {name}.json)", name
     except (OSError, ValueError) as e:
-        return None, None, f"unreadable build record {name}.json: {e}"
+        return f"unreadable build record {name}.json: {e}", name
+    if not isinstance(record, dict):
+        return f"unreadable build record {name}.json: not a JSON object", name
+    built = record.get("built")
+    if built is False:
+        return f"not built: {record.get('reason') or 'no reason recorded'}", name
+    if built is not True:
+        # setup.py before the field wrote the record ahead of the compile, so
+        # such a record does not say the module in the tree came from it
+        return (
+            f"build record {name}.json does not say whether it was built "
+            "(written by an older setup.py: rebuild)"
+        ), name
     for key, value in torch_identity(torch).items():
         if record.get(key) != value:
-            return None, None, (
+            return (
                 f"built against another torch ({key} {record.get(key)!r}, running {value!r})"
-            )
+            ), name
+    return None, name
+
+
+def absence_reason(torch) -> str | None:
+    """Why the C++ part is not there for this torch (the same reasons as
+    :func:`load`), or None when its record says it is built for this torch and
+    it is not switched off. Reads the record only: for ``stats()`` where the C
+    path is off and the module is not loaded at all (e.g. an unverified torch)."""
+    return _verdict(torch)[0]
+
+
+def load(torch):
+    """``(capsule, module name, None)`` or ``(None, None, reason)``."""
+    reason, name = _verdict(torch)
+    if reason is not None:
+        return None, None, reason
     try:
         module = importlib.import_module(f"{__package__}.{name}")
     except ImportError as e:
