@@ -48,17 +48,17 @@ def _load_torch_aot_rt():
     """(torch_aot_rt module or None, _C module or None, reason if unavailable)."""
     try:
         import torch_aot_rt
-        from torch_aot_rt import _patch
+        from torch_aot_rt import _install, _state
     except Exception as e:  # pragma: no cover - depends on the build state
         return None, None, f"import torch_aot_rt failed: {type(e).__name__}: {e}"
     try:
-        _patch.install()
+        _install.install()
         from torch_aot_rt import _C
     except Exception as e:
         return torch_aot_rt, None, f"C extension unavailable: {type(e).__name__}: {e}"
-    bind_error = getattr(_patch, "bind_error", lambda: None)()
-    if bind_error:
-        return torch_aot_rt, None, f"C extension unavailable: {bind_error}"
+    inactive = _state.closed()
+    if inactive:
+        return torch_aot_rt, None, f"C path inactive: {inactive}"
     return torch_aot_rt, _C, None
 
 
@@ -68,10 +68,10 @@ torch_aot_rt, _C, C_UNAVAILABLE = _load_torch_aot_rt()
 def upstream_builder():
     """Upstream's own ``_create_runtime_wrapper``, whatever is installed now."""
     if torch_aot_rt is not None:
-        from torch_aot_rt import _patch
+        from torch_aot_rt import _state
 
-        if "upstream" in _patch._installed:
-            return _patch._installed["upstream"]
+        if "upstream" in _state.installed:
+            return _state.installed["upstream"]
     return _UPSTREAM_AT_IMPORT
 
 

@@ -83,10 +83,12 @@ class LayerCase:
 
 
 def _guard_runs(rt):
-    from torch_aot_rt import _patch
+    from torch_aot_rt import _install, _state
 
-    _patch.install()
-    replaced = _patch._installed["guards"]
+    _install.install()
+    (replaced,) = [
+        r for r in _state.installed["replaced"] if r.name == "AUTOGRAD_SAVED_TENSORS_HOOKS"
+    ]
     up_fn = _built_guard(replaced.upstream)
     with rt.enabled(True):
         c_fn = _built_guard(replaced.ours)

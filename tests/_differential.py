@@ -50,20 +50,24 @@ from torch._dynamo.utils import counters as dynamo_counters
 
 import torch_aot_rt
 
-C_ENABLED = os.environ.get("TORCH_AOT_RT", "1").strip().lower() not in (
+IMPORT_ENABLED = os.environ.get("TORCH_AOT_RT", "1").strip().lower() not in (
     "0",
     "false",
     "off",
     "no",
 )
+# Why the import left torch as it was (an unverified torch, a canary), or None.
+INACTIVE = torch_aot_rt.stats()["torch"]["inactive"] if IMPORT_ENABLED else None
+# Whether the C path runs here: "on" runs are then C, else upstream's too.
+C_ENABLED = IMPORT_ENABLED and INACTIVE is None
 
 if C_ENABLED:
-    from torch_aot_rt import _C, _patch
+    from torch_aot_rt import _C, _state
 
     RuntimeWrapperType: type | None = _C.RuntimeWrapper
 else:  # pragma: no cover - exercised with TORCH_AOT_RT=0
     _C = None
-    _patch = None
+    _state = None
     RuntimeWrapperType = None
 
 
@@ -120,7 +124,7 @@ def runtime(use_c: bool):
 def upstream_builder():
     """Upstream's own ``_create_runtime_wrapper``."""
     if C_ENABLED:
-        return _patch._installed["upstream"]
+        return _state.installed["upstream"]
     return rw._create_runtime_wrapper
 
 
@@ -668,6 +672,8 @@ def check_runtime_used(run: Run, *, min_wrappers: int = 1, allow_fallback: str |
         f"expected at least {min_wrappers} runtime wrapper(s) built, got {len(run.wrappers)}"
     )
     if not C_ENABLED:
+        if INACTIVE is not None:
+            check_inactive(run.stats_before, run.stats_after)
         return
     c_built = [r for r in run.wrappers if is_c_wrapper(r["result"])]
     if not run.use_c:
@@ -694,6 +700,18 @@ def check_runtime_used(run: Run, *, min_wrappers: int = 1, allow_fallback: str |
         f"stats()['runtime_wrappers'] grew by {run.built()}, "
         f"but {len(c_built)} C wrappers were built"
     )
+
+
+def check_inactive(before: dict, after: dict) -> None:
+    """On a torch where the import is inactive, nothing of ours was built or
+    counted: every compile ran upstream's code, none of it passed through ours."""
+    from torch_aot_rt import _C as c_module
+
+    for key in ("runtime_wrappers", "autograd_functions", "guards", "serializable_functions",
+                "params_prepends", "fallbacks"):
+        assert after[key] == before[key] == 0, (key, before, after)
+    assert after["fallback_reasons"] == {}, after["fallback_reasons"]
+    assert set(c_module._node_stats().values()) <= {0}, c_module._node_stats()
 
 
 def compare_runs(off: Run, on: Run) -> None:

@@ -119,6 +119,8 @@ def c_runtime(use_c: bool, *, min_functions: int = 1, allow_fallback: str | None
         if v != before["fallback_reasons"].get(k, 0)
     }
     if not C_ENABLED:
+        if D.INACTIVE is not None:
+            D.check_inactive(before, after)
         return
     if use_c:
         assert built.functions >= min_functions, (

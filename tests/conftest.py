@@ -56,6 +56,16 @@ if os.environ.get("TORCH_AOT_RT_REQUIRE_CUDA", "") == "1" and "cuda" not in DEVI
     )
 
 
+# scripts/test.sh's canary lanes: a torch no release entry covers, where the
+# import must change nothing; a canary on which the C path is active is a
+# misconfigured run, not a pass.
+CANARY = os.environ.get("TORCH_AOT_RT_CANARY", "") == "1"
+if CANARY and D.IMPORT_ENABLED and D.INACTIVE is None:
+    raise pytest.UsageError(
+        f"TORCH_AOT_RT_CANARY=1, but torch_aot_rt is active on torch {torch.__version__}"
+    )
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "inductor: compiles with backend='inductor' (slow; deselect with -m 'not inductor')"
@@ -63,17 +73,35 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "needs_c: needs the C extension (skipped when TORCH_AOT_RT=0)"
     )
+    config.addinivalue_line(
+        "markers",
+        "canary: runs on every torch, also where the import is inactive (an unverified "
+        "release): there it checks that torch is left exactly as it was",
+    )
 
 
 def pytest_report_header(config):
-    mode = "C runtime on (differential: upstream vs C)" if D.C_ENABLED else (
-        "TORCH_AOT_RT=0 (differential: upstream vs upstream, C-only tests skipped)"
-    )
+    if D.C_ENABLED:
+        mode = "C runtime on (differential: upstream vs C)"
+    elif D.INACTIVE is not None:
+        mode = (f"inactive on this torch ({D.INACTIVE}): differential upstream vs upstream "
+                "with the package imported; only the canary tests run")
+    else:
+        mode = "TORCH_AOT_RT=0 (differential: upstream vs upstream, C-only tests skipped)"
     return [f"torch {torch.__version__}; torch_aot_rt: {mode}; devices: {DEVICES}"]
 
 
 def pytest_collection_modifyitems(config, items):
     if D.C_ENABLED:
+        return
+    if D.INACTIVE is not None:
+        skip = pytest.mark.skip(
+            reason=f"needs a verified torch release: torch_aot_rt is inactive on torch "
+            f"{torch.__version__} ({D.INACTIVE})"
+        )
+        for item in items:
+            if "canary" not in item.keywords:
+                item.add_marker(skip)
         return
     skip = pytest.mark.skip(reason="needs the C extension; TORCH_AOT_RT=0")
     for item in items:

@@ -14,6 +14,10 @@ from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
 import _differential as D
 from _cases import *  # noqa: F403  (the f_* programs, MODES, ctx_for, inputs_for)
 
+# On a torch where the import is inactive these run too (upstream vs upstream
+# with the package imported): the canary's end-to-end proof that nothing changes.
+pytestmark = pytest.mark.canary
+
 # (fn, shapes, inputs mutated in place: non-leaf in training)
 E2E_CASES = {
     "plain": (f_plain, [(3, 4), (3, 4)], ()),

@@ -132,7 +132,7 @@ def test_replaced_helper_runs_upstreams(monkeypatch):
 def test_name_that_runs_code():
     off, on, delta = _pair(NamedRecorder)
     D.assert_same(off, on, "disable")
-    skips = torch_aot_rt._patch.release().disable_skips_none_callback
+    skips = torch_aot_rt._state.release().disable_skips_none_callback
     assert off["name_reads"] == (0 if skips else 1)
     assert delta["calls in C" if skips else "upstream calls: fn.__name__ may run code"] == 1
 

@@ -215,9 +215,9 @@ def autograd_plans():
 
 
 def _bound_registry():
-    from torch_aot_rt import _patch
+    from torch_aot_rt import _state
 
-    return _patch.release().snapshots_external_objects
+    return _state.release().snapshots_external_objects
 
 
 FORWARD_BROKEN = {

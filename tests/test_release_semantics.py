@@ -232,6 +232,8 @@ def test_backward_context_between_nodes():
 def _opaque_base_class():
     """The base an opaque class must derive from: OpaqueBase in 2.13,
     CustomClassBase in 2.14 (the rename the C path has to follow)."""
+    if RELEASE is None:  # the module's tests skip; it must still import
+        return object
     try:
         from torch._custom_class_base import CustomClassBase as base
     except ImportError:

@@ -116,7 +116,7 @@ def test_stats_snapshot_and_reset():
     assert torch_aot_rt.stats()["torch"]["release"] != "x"
     torch_aot_rt.reset_stats()
     # the counters reset; "torch" (what the gate decided at install) does not
-    expected_torch = dict(version=str(torch.__version__), unverified_opt_in=False)
+    expected_torch = dict(version=str(torch.__version__), unverified_opt_in=False, inactive=None)
     expected_torch["release"] = "%d.%d" % tuple(int(p) for p in torch.__version__.split(".")[:2])
     assert torch_aot_rt.stats() == {
         "runtime_wrappers": 0,
@@ -202,7 +202,7 @@ _PROBE = """
     original = rw._create_runtime_wrapper
     original_post = rw.AOTDispatchAutograd.post_compile
     import torch_aot_rt
-    from torch_aot_rt import _patch
+    from torch_aot_rt import _install
     from functorch.compile import aot_function, nop
     out = aot_function(lambda a: a.view(-1), nop, nop)(torch.randn(2, 2))
     after_import = (
@@ -211,7 +211,7 @@ _PROBE = """
         torch_aot_rt.is_enabled(),
         torch_aot_rt.stats()["runtime_wrappers"],
     )
-    _patch.uninstall()
+    _install.uninstall()
     after_uninstall = (
         rw._create_runtime_wrapper is original,
         rw.AOTDispatchAutograd.post_compile is original_post,

@@ -7,7 +7,9 @@ nothing. What the C path does not support runs upstream's own code, counted in
 :func:`stats` with a reason.
 
 The C path runs only on the torch releases it was verified against
-(``_versions.VERIFIED``); on any other, every compile falls back, unless
+(``_versions.VERIFIED``, each with the fingerprints of the upstream code it
+mirrors, ``_fingerprints``); on any other torch the import replaces nothing of
+torch's and says so once with an :class:`InactiveWarning`, unless
 ``TORCH_AOT_RT_UNVERIFIED=1`` opts in at the user's own risk.
 """
 
@@ -15,48 +17,22 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections.abc import Iterator
 
-__all__ = ["enable", "disable", "enabled", "is_enabled", "stats", "reset_stats"]
+from . import _install, _state
+from ._install import InactiveWarning
+from ._state import is_enabled
+
+__all__ = ["enable", "disable", "enabled", "is_enabled", "stats", "reset_stats",
+           "InactiveWarning"]
 __version__ = "0.1.0"
-
-_lock = threading.Lock()
-_state = {"enabled": False}
-_counters: dict = {
-    "runtime_wrappers": 0,
-    "autograd_functions": 0,
-    "guards": 0,
-    "serializable_functions": 0,
-    "params_prepends": 0,
-    "fallbacks": 0,
-    "fallback_reasons": {},
-}
-
-
-def _count_built(kind: str) -> None:
-    with _lock:
-        _counters[kind] += 1
-
-
-def _count_fallback(reason: str) -> None:
-    with _lock:
-        _counters["fallbacks"] += 1
-        reasons = _counters["fallback_reasons"]
-        reasons[reason] = reasons.get(reason, 0) + 1
-
-
-def is_enabled() -> bool:
-    """Whether functions compiled from now on get the C runtime."""
-    return _state["enabled"]
 
 
 def enable() -> None:
-    """Use the C runtime for everything AOTAutograd compiles from now on."""
-    from . import _patch
-
-    _patch.install()
-    _state["enabled"] = True
+    """Use the C runtime for everything AOTAutograd compiles from now on
+    (where the gate is open: on any other torch this changes nothing)."""
+    _install.install()
+    _state.set_enabled(True)
 
 
 def disable() -> None:
@@ -64,13 +40,13 @@ def disable() -> None:
 
     Functions already compiled keep the runtime they were built with.
     """
-    _state["enabled"] = False
+    _state.set_enabled(False)
 
 
 @contextlib.contextmanager
 def enabled(flag: bool = True) -> Iterator[None]:
     """Context manager: switch the C runtime on or off for compiles inside it."""
-    previous = _state["enabled"]
+    previous = _state.is_enabled()
     if flag:
         enable()
     else:
@@ -78,7 +54,7 @@ def enabled(flag: bool = True) -> Iterator[None]:
     try:
         yield
     finally:
-        _state["enabled"] = previous
+        _state.set_enabled(previous)
 
 
 def stats() -> dict:
@@ -91,8 +67,11 @@ def stats() -> dict:
     ``aot_module_simplified`` forwards made C ``ParamsPrepend``s; ``fallbacks``: builds that went to upstream,
     with ``fallback_reasons`` mapping each reason to its count. ``torch``: the
     installed version, the verified release whose semantics the C path uses
-    (None: every compile falls back), and whether that is by the
-    ``TORCH_AOT_RT_UNVERIFIED=1`` opt-in (None before the C path is enabled).
+    (None when it is inactive), whether that is by the
+    ``TORCH_AOT_RT_UNVERIFIED=1`` opt-in, and ``inactive``: why nothing of
+    torch's was replaced (an unverified release, mirrored code that differs
+    from the verified source, internals that do not bind), or None (all None
+    before the C path is first enabled).
     ``cpp``: the C++ part's module when the C core uses it, else None and the
     reason (not built for this torch, built against another, or
     ``TORCH_AOT_RT_CPP=0``). ``cpp_node``: calls of C CompiledFunctions by
@@ -103,22 +82,20 @@ def stats() -> dict:
     (``calls in C`` or why upstream's wrapper ran), and ``unavailable``: why
     no compiled backward gets it on this torch, or None.
     """
-    from . import _patch
-
-    gate = _patch.gate()
-    with _lock:
-        out = dict(_counters)
-        out["fallback_reasons"] = dict(_counters["fallback_reasons"])
+    gate = _state.gate()
+    inactive = _state.installed.get("closed") if gate else None
+    out = _state.counters()
     out["torch"] = {
         "version": gate.torch_version if gate else None,
-        "release": gate.release.name if gate and gate.release else None,
+        "release": gate.release.name if gate and gate.release and not inactive else None,
         "unverified_opt_in": gate.unverified_opt_in if gate else None,
+        "inactive": inactive,
     }
-    cpp_module, cpp_reason = _patch.cpp()
+    cpp_module, cpp_reason = _state.cpp()
     out["cpp"] = {"module": cpp_module, "reason": cpp_reason}
     out["cpp_node"] = _node_stats()
     out["dynamo_disable"] = _disable_stats()
-    out["dynamo_disable"]["unavailable"] = _patch.disable_unavailable()
+    out["dynamo_disable"]["unavailable"] = _state.disable_unavailable()
     return out
 
 
@@ -135,13 +112,9 @@ def _disable_stats(reset: bool = False) -> dict:
 
 
 def reset_stats() -> None:
-    with _lock:
-        for key in ("runtime_wrappers", "autograd_functions", "guards", "serializable_functions",
-                    "params_prepends", "fallbacks"):
-            _counters[key] = 0
-        _counters["fallback_reasons"] = {}
-        _node_stats(reset=True)
-        _disable_stats(reset=True)
+    _state.reset_counters()
+    _node_stats(reset=True)
+    _disable_stats(reset=True)
 
 
 if os.environ.get("TORCH_AOT_RT", "1").strip().lower() not in ("0", "false", "off", "no"):

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import functools
 
-from ._plan import Unsupported
+from . import _state
+from ._plan import Unsupported, check_available
 
 TANGENT_STRIDES, TANGENT_MEMORY_FORMAT, TANGENT_PYTHON = 0, 1, 2
 
@@ -237,43 +238,49 @@ def install_c_function(cls, spec, release):
     # it stands for make_boxed_func(cls.apply), whose function has no docstring
     # (the runtime wrapper and aot_module_simplified's forward copy __doc__)
     apply.__doc__ = None
-    cls.forward = staticmethod(forward)
-    cls.backward = staticmethod(backward)
     # The engine calls ctx.apply_boxed(grads) (boxed_grads_call), whose Python
     # body is `self._get_user_fn()(self, *args)`: while cls.backward is ours and
     # vjp is not overridden, that is our backward, called from C.
     backward_cls = cls._backward_cls
+    apply_boxed = None
     if getattr(backward_cls, "apply_boxed", None) is BackwardCFunction.apply_boxed:
-        backward_cls.apply_boxed = _C.ApplyBoxed(
-            backward, cls, Function.vjp, BackwardCFunction.apply_boxed
-        )
+        apply_boxed = _C.ApplyBoxed(backward, cls, Function.vjp, BackwardCFunction.apply_boxed)
+    # Only now, with everything built, is the class touched: a failure above
+    # leaves it upstream's.
+    cls.forward = staticmethod(forward)
+    cls.backward = staticmethod(backward)
+    if apply_boxed is not None:
+        backward_cls.apply_boxed = apply_boxed
     return apply
 
 
 def build_autograd_post_compile(upstream_post_compile, spec):
-    """Our ``AOTDispatchAutograd.post_compile``."""
+    """Our ``AOTDispatchAutograd.post_compile``.
+
+    Upstream's own steps (building the class, the runtime wrapper around its
+    apply) raise as upstream's would; an exception in ours (a torch whose
+    internals are not the ones we read) keeps upstream's class, counted."""
     import torch._functorch._aot_autograd.runtime_wrappers as rw
 
-    from . import _count_built, _count_fallback, _patch
-    from ._plan import check_available
-
-    factory = getattr(rw, "_AOTDispatchAutogradFunctionFactory", None)
     try:
         # Whole-torch conditions (unverified release, source capture): the same
         # reason string as the runtime wrapper's, so one key counts both.
         check_available()
     except Unsupported as e:
-        _count_fallback(str(e))
+        _state.count_fallback(str(e))
         return upstream_post_compile(spec)
-    if factory is None:
-        _count_fallback("CompiledFunction: no _AOTDispatchAutogradFunctionFactory in this torch")
-        return upstream_post_compile(spec)
-    cls = factory(spec).build()
+    cls = rw._AOTDispatchAutogradFunctionFactory(spec).build()
     try:
-        apply = install_c_function(cls, spec, _patch.release())
-        _count_built("autograd_functions")
+        apply = install_c_function(cls, spec, _state.release())
     except Unsupported as e:
-        _count_fallback(str(e))
+        reason = str(e)
+    except Exception as e:
+        reason = "CompiledFunction: " + _state.internal_error(e)
+    else:
+        reason = None
+        _state.count_built("autograd_functions")
+    if reason is not None:
+        _state.count_fallback(reason)
         apply = cls.apply
     # upstream: RuntimeWrapper(...).post_compile(cls.apply, ...), which reaches
     # our _create_runtime_wrapper.

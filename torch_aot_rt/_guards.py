@@ -38,13 +38,13 @@ def _mismatch(upstream, aot_utils, originals) -> str | None:
 
 
 def install():
-    """Put our builder in place of upstream's; returns the ``_patch.Replaced``
+    """Put our builder in place of upstream's; returns the ``_state.Replaced``
     record, or None where this torch has no such guard."""
     import torch._dynamo.guards as guards
     import torch._functorch._aot_autograd.utils as aot_utils
 
-    from . import _C, _count_built, _count_fallback, is_enabled
-    from ._patch import bind_error, replace
+    from . import _C
+    from ._state import closed, count_built, count_fallback, is_enabled, replace
 
     builder = guards.GuardBuilder
     upstream = builder.__dict__.get("AUTOGRAD_SAVED_TENSORS_HOOKS")
@@ -56,9 +56,9 @@ def install():
     def AUTOGRAD_SAVED_TENSORS_HOOKS(self, guard):
         if not is_enabled():
             return upstream(self, guard)
-        reason = bind_error() or _mismatch(upstream, aot_utils, originals)
+        reason = closed() or _mismatch(upstream, aot_utils, originals)
         if reason is not None:
-            _count_fallback(f"saved-tensors-hooks guard: {reason}")
+            count_fallback(f"saved-tensors-hooks guard: {reason}")
             return upstream(self, guard)
         # guard_hooks_ids = hooks_ids_fn(get_hooks()), with upstream's helpers
         hooks = aot_utils.top_saved_tensors_hooks()
@@ -71,6 +71,6 @@ def install():
             _C.SavedHooksGuard(expected), guards.get_verbose_code_parts(code, guard),
             guard.user_stack,
         )
-        _count_built("guards")
+        count_built("guards")
 
     return replace(builder, "AUTOGRAD_SAVED_TENSORS_HOOKS", AUTOGRAD_SAVED_TENSORS_HOOKS)

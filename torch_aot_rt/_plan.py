@@ -14,10 +14,20 @@ from __future__ import annotations
 
 import functools
 
-# Keep in sync with csrc/plan.h.
-MUT_SKIP, MUT_SET, MUT_METADATA, MUT_DATA = 0, 1, 2, 3
-MUT_AS_STRIDED_FIRST, MUT_LEAF, MUT_STREAM_ERROR = 1, 2, 4
-OUT_PASS, OUT_IS_INPUT, OUT_ALIAS_OF_INPUT, OUT_ALIAS_OF_INTERMEDIATE = 0, 1, 2, 3
+from . import _state
+from ._kinds import (
+    MUT_AS_STRIDED_FIRST,
+    MUT_DATA,
+    MUT_LEAF,
+    MUT_METADATA,
+    MUT_SET,
+    MUT_SKIP,
+    MUT_STREAM_ERROR,
+    OUT_ALIAS_OF_INPUT,
+    OUT_ALIAS_OF_INTERMEDIATE,
+    OUT_IS_INPUT,
+    OUT_PASS,
+)
 
 
 class Unsupported(Exception):
@@ -203,24 +213,14 @@ def check_available() -> None:
     """Raise :class:`Unsupported` when no C wrapper may be built right now:
     torch unverified or its internals differ, or upstream is capturing the
     generated wrapper source (which only its own wrappers produce)."""
-    from . import _patch
-
-    if _patch.bind_error() is not None:
-        raise Unsupported(_patch.bind_error())
-    if _patch.source_capture_active():
+    if _state.closed() is not None:
+        raise Unsupported(_state.closed())
+    if _state.source_capture_active():
         raise Unsupported(SOURCE_CAPTURE)
 
 
-def build_runtime_wrapper(upstream, compiled_fn, **kwargs):
-    """Our ``_create_runtime_wrapper``: the C wrapper, or upstream's with a reason."""
-    from . import _C, _count_built, _count_fallback
-
-    try:
-        check_available()
-        plan = make_plan(compiled_fn, **kwargs)
-    except Unsupported as e:
-        _count_fallback(str(e))
-        return upstream(compiled_fn, **kwargs)
+def _c_wrapper(compiled_fn, plan):
+    from . import _C
 
     rw, _, _ = _torch_modules()
     if not getattr(compiled_fn, "_boxed_call", False):
@@ -237,9 +237,29 @@ def build_runtime_wrapper(upstream, compiled_fn, **kwargs):
     wrapper.__name__ = name
     wrapper.__qualname__ = f"_create_runtime_wrapper.<locals>.{name}"
     wrapper.__module__ = rw.__name__
-    # what upstream's codegen logs for TORCH_TRACE / tlparse, describing ours
+    return wrapper
+
+
+def build_runtime_wrapper(upstream, compiled_fn, **kwargs):
+    """Our ``_create_runtime_wrapper``: the C wrapper, or upstream's with a reason.
+
+    Nothing of ours raises into the user's compile: an exception while
+    building (a torch whose internals are not the ones we read) is a counted
+    fallback like any other."""
     from . import _trace
 
-    _trace.log_plan(plan)
-    _count_built("runtime_wrappers")
-    return wrapper
+    try:
+        check_available()
+        plan = make_plan(compiled_fn, **kwargs)
+        wrapper = _c_wrapper(compiled_fn, plan)
+    except Unsupported as e:
+        reason = str(e)
+    except Exception as e:
+        reason = _state.internal_error(e)
+    else:
+        # what upstream's codegen logs for TORCH_TRACE / tlparse, describing ours
+        _trace.log_plan(plan)
+        _state.count_built("runtime_wrappers")
+        return wrapper
+    _state.count_fallback(reason)
+    return upstream(compiled_fn, **kwargs)

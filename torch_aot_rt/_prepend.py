@@ -71,9 +71,8 @@ def _c_forward(forward, wrapped, boxed: bool):
 
 def install(aot_autograd):
     """Put our ``simple_wraps`` in ``aot_autograd``'s globals; returns the
-    ``_patch.Replaced`` record, or None where it has none."""
-    from . import _count_built, _count_fallback, is_enabled
-    from ._patch import bind_error, replace
+    ``_state.Replaced`` record, or None where it has none."""
+    from ._state import closed, count_built, count_fallback, is_enabled, replace
 
     upstream = aot_autograd.__dict__.get("simple_wraps")
     if upstream is None:
@@ -85,15 +84,15 @@ def install(aot_autograd):
         boxed = codes.get(getattr(forward, "__code__", None))
         if boxed is None:
             if getattr(forward, "__qualname__", None) == _QUALNAME:
-                _count_fallback("params prepend: aot_module_simplified's forward is not "
+                count_fallback("params prepend: aot_module_simplified's forward is not "
                                 "the verified closure")
             return wrapped
-        reason = bind_error()
+        reason = closed()
         if reason is not None:
-            _count_fallback(f"params prepend: {reason}")
+            count_fallback(f"params prepend: {reason}")
             return wrapped
         ours = _c_forward(forward, wrapped, boxed)
-        _count_built("params_prepends")
+        count_built("params_prepends")
         return ours
 
     @functools.wraps(upstream)

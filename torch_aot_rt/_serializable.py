@@ -33,16 +33,16 @@ def _is_pass_through(call) -> bool:
 
 def install(rw):
     """Wrap ``SerializableCompiledFunction.__init__``; returns the
-    ``_patch.Replaced`` record, or None where this torch has no such class."""
-    from . import _C, _count_built, _count_fallback, is_enabled
-    from ._patch import bind_error, replace
+    ``_state.Replaced`` record, or None where this torch has no such class."""
+    from . import _C
+    from ._state import closed, count_built, count_fallback, is_enabled, replace
 
     base = getattr(rw, "SerializableCompiledFunction", None)
     if base is None or "__init__" not in base.__dict__:
         return None
     upstream_init = base.__dict__["__init__"]
     c_cls = None
-    if bind_error() is None:
+    if closed() is None:
         c_cls = type(base.__name__, (base,), {"__call__": _C.SerializableCall()})
         c_cls.__module__ = base.__module__
         c_cls.__qualname__ = base.__qualname__
@@ -54,11 +54,11 @@ def install(rw):
         if type(self) is not base or c_cls is None or not is_enabled():
             return
         if not _is_pass_through(base.__dict__.get("__call__")):
-            _count_fallback(
+            count_fallback(
                 "SerializableCompiledFunction.__call__ is not the verified pass-through"
             )
             return
         self.__class__ = c_cls
-        _count_built("serializable_functions")
+        count_built("serializable_functions")
 
     return replace(base, "__init__", __init__)

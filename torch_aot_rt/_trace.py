@@ -12,7 +12,7 @@ built or logged.
 
 from __future__ import annotations
 
-from ._plan import (
+from ._kinds import (
     MUT_AS_STRIDED_FIRST,
     MUT_DATA,
     MUT_LEAF,

@@ -1,0 +1,265 @@
+"""The installer: the one module that decides whether anything of torch's is
+replaced, and replaces it, in order.
+
+What we put in place of upstream's, each where all its callers find it:
+
+- ``runtime_wrappers._create_runtime_wrapper`` (a module global that
+  ``RuntimeWrapper.post_compile`` looks up on every compile: the one place
+  ``torch.compile``, ``aot_function``/``aot_module`` and AOTAutogradCache hits
+  all go through, inference and training) -> ``_plan.build_runtime_wrapper``;
+- ``AOTDispatchAutograd.post_compile`` (builds CompiledFunction) ->
+  ``_autograd_plan.build_autograd_post_compile``;
+- Dynamo's ``GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS`` (``_guards``),
+  ``SerializableCompiledFunction.__init__`` (``_serializable``) and
+  ``aot_autograd.simple_wraps`` (``_prepend``);
+- and, bound rather than replaced, what the C version of
+  ``torch._dynamo.disable``'s wrapper reads (``_disable``).
+
+The gate comes first. The C path runs only on a torch whose release has an
+entry in ``_versions`` and whose mirrored code has that entry's fingerprints
+(``_mirrored``), and whose internals bind; otherwise nothing at all is
+replaced (the import says so once, as an :class:`~torch_aot_rt.InactiveWarning`)
+and torch runs exactly as without us. With the ``TORCH_AOT_RT_UNVERIFIED=1``
+opt-in the fingerprints are not required, but every replacement still checks
+the shape of what it replaces first.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import threading
+import warnings
+
+from . import _state
+
+_install_lock = threading.Lock()
+
+
+class InactiveWarning(UserWarning):
+    """``import torch_aot_rt`` changed nothing: the C path does not run on this torch."""
+
+
+def _runtime_wrappers_module():
+    # torch._functorch._aot_autograd.runtime_wrappers cannot be imported first
+    # (circular import through torch._dynamo); importing torch._dynamo first is
+    # what torch itself does.
+    import torch._dynamo  # noqa: F401
+    import torch._functorch._aot_autograd.runtime_wrappers as rw
+
+    return rw
+
+
+def _shape(fn) -> tuple:
+    """A callable's parameters, by name and kind (annotations aside)."""
+    return tuple((p.name, p.kind.name) for p in inspect.signature(fn).parameters.values())
+
+
+_KW = "KEYWORD_ONLY"
+# The shapes our replacements are called with, on every verified release.
+_RUNTIME_WRAPPER_SHAPE = (
+    ("compiled_fn", "POSITIONAL_OR_KEYWORD"), ("runtime_metadata", _KW),
+    ("indices_of_inps_to_detach", _KW), ("trace_joint", _KW),
+    ("keep_input_mutations", _KW), ("disable_amp", _KW),
+)
+_POST_COMPILE_SHAPE = (("spec", "POSITIONAL_OR_KEYWORD"),)
+_WRAPPER_POST_COMPILE_SHAPE = (
+    ("self", "POSITIONAL_OR_KEYWORD"), ("compiled_fn", "POSITIONAL_OR_KEYWORD"),
+    ("aot_config", "POSITIONAL_OR_KEYWORD"), ("runtime_metadata", _KW),
+)
+
+
+def _check_release(rw, rel) -> None:
+    """What a release entry states and can be checked, checked: a torch that
+    does not match its entry is one we were not verified against."""
+    import torch
+    from torch._functorch._aot_autograd.schemas import ViewAndMutationMeta
+    from torch.autograd.function import Function
+
+    apply_is_base = Function.__dict__.get("apply") is torch._C._FunctionBase.__dict__["apply"]
+    if apply_is_base != rel.function_apply_is_base:
+        raise RuntimeError(
+            f"Function.apply is{'' if apply_is_base else ' not'} _FunctionBase.apply, "
+            f"unlike torch {rel.name}"
+        )
+    fields = getattr(ViewAndMutationMeta, "__dataclass_fields__", {})
+    if ("saved_tensor_is_graph_input" in fields) != rel.keeps_saved_graph_inputs:
+        raise RuntimeError(
+            f"ViewAndMutationMeta.saved_tensor_is_graph_input differs from torch {rel.name}"
+        )
+    rw._FirstInvocationContext  # noqa: B018 (on every verified release)
+    # the core pair is replaced together or not at all
+    autograd = rw.__dict__["AOTDispatchAutograd"]
+    for what, fn, shape in (
+        ("_create_runtime_wrapper", rw._create_runtime_wrapper, _RUNTIME_WRAPPER_SHAPE),
+        ("AOTDispatchAutograd.post_compile", autograd.post_compile, _POST_COMPILE_SHAPE),
+        ("RuntimeWrapper.post_compile", rw.RuntimeWrapper.post_compile,
+         _WRAPPER_POST_COMPILE_SHAPE),
+    ):
+        if _shape(fn) != shape:
+            raise RuntimeError(f"{what}{inspect.signature(fn)} is not the verified signature")
+    if not isinstance(autograd.__dict__.get("post_compile"), staticmethod):
+        raise RuntimeError("AOTDispatchAutograd.post_compile is not a staticmethod")
+    rw._AOTDispatchAutogradFunctionFactory.build  # noqa: B018
+
+
+def _source_capture_sink(rel):
+    import importlib
+
+    module, name = rel.source_capture_sink.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _gate_reason(torch, gate) -> str | None:
+    """Why the C path must not run on this torch (before anything of it is
+    imported beyond ``torch`` itself), or None."""
+    from . import _fingerprints, _mirrored
+
+    if gate.reason is not None:
+        return gate.reason
+    if gate.unverified_opt_in:
+        return None
+    expected = _fingerprints.FINGERPRINTS.get(gate.release.name)
+    if expected is None:
+        return f"torch {gate.release.name} has no recorded fingerprints"
+    why = _mirrored.mismatch(expected, os.path.dirname(torch.__file__))
+    if why is not None:
+        return f"torch {gate.torch_version} is not the verified {gate.release.name} source: {why}"
+    return None
+
+
+def _bind(rw, rel) -> None:
+    """Check the release entry against this torch and bind the C core to it
+    (and the C++ part, where built for this torch). Raises when they differ."""
+    import torch
+
+    from . import _C, _cpp
+
+    _check_release(rw, rel)
+    if rel.source_capture_sink is not None:
+        _state.installed["capture_sink"] = _source_capture_sink(rel)
+    capsule, cpp_module, cpp_reason = _cpp.load(torch)
+    _C._bind_torch(
+        opaque_type_check=rel.opaque_type_check,
+        opaque_base=rel.opaque_base,
+        external_objects=(
+            "index_to_external_object_weakref"
+            if rel.snapshots_external_objects
+            else None
+        ),
+        cpp=capsule,
+    )
+    _state.installed["cpp"] = (cpp_module, cpp_reason)
+
+
+def _close(torch, reason: str) -> None:
+    from . import _cpp
+
+    _state.installed["closed"] = reason
+    _state.installed.pop("capture_sink", None)
+    absent = _cpp.absence_reason(torch)
+    _state.installed["cpp"] = (None, absent or f"the C path is off: {reason}")
+    warnings.warn(
+        f"torch_aot_rt is inactive: {reason}. torch runs exactly as without it "
+        "(torch_aot_rt.stats()['torch'] says why; docs/compatibility.md lists the "
+        "verified releases).",
+        InactiveWarning,
+        stacklevel=4,
+    )
+
+
+def _replace_runtime(rw) -> list:
+    """The core pair: the runtime-wrapper builder and CompiledFunction's."""
+    from . import _autograd_plan, _plan
+
+    upstream = rw._create_runtime_wrapper
+
+    @functools.wraps(upstream)
+    def _create_runtime_wrapper(compiled_fn, **kwargs):
+        if not _state.is_enabled():
+            return upstream(compiled_fn, **kwargs)
+        return _plan.build_runtime_wrapper(upstream, compiled_fn, **kwargs)
+
+    autograd = rw.AOTDispatchAutograd
+    upstream_post_compile = autograd.post_compile
+
+    @functools.wraps(upstream_post_compile)
+    def post_compile(spec):
+        if not _state.is_enabled():
+            return upstream_post_compile(spec)
+        return _autograd_plan.build_autograd_post_compile(upstream_post_compile, spec)
+
+    _state.installed["upstream"] = upstream
+    _state.installed["upstream_post_compile"] = upstream_post_compile
+    return [
+        _state.replace(rw, "_create_runtime_wrapper", _create_runtime_wrapper),
+        _state.replace(autograd, "post_compile", staticmethod(post_compile)),
+    ]
+
+
+def _replace_layers(rw) -> list:
+    """The other per-call layers; each checks what it replaces and leaves it
+    upstream's, counted, when it is not the verified one."""
+    import torch._functorch.aot_autograd as aot_autograd
+
+    from . import _guards, _prepend, _serializable
+
+    replaced = []
+    for name, install, arg in (
+        ("saved-tensors-hooks guard", _guards.install, None),
+        ("SerializableCompiledFunction", _serializable.install, rw),
+        ("params prepend", _prepend.install, aot_autograd),
+    ):
+        try:
+            record = install() if arg is None else install(arg)
+        except Exception as e:
+            _state.count_fallback(f"{name}: {_state.internal_error(e)}")
+            continue
+        if record is not None:
+            replaced.append(record)
+    return replaced
+
+
+def install() -> None:
+    """Decide, once, whether the C path runs on this torch, and install it if
+    so. Never raises for a torch whose internals differ or that is not
+    verified: nothing is then replaced."""
+    with _install_lock:
+        if _state.installed:
+            return
+        import torch
+
+        from . import _versions
+
+        gate = _versions.resolve(str(torch.__version__))
+        _state.installed["gate"] = gate
+        _state.installed["replaced"] = []
+        reason = _gate_reason(torch, gate)
+        if reason is None:
+            try:
+                rw = _runtime_wrappers_module()
+                _bind(rw, gate.release)
+            except Exception as e:  # an internal missing or changed in this torch
+                reason = f"torch internals differ: {e!r}"
+        if reason is not None:
+            _close(torch, reason)
+            return
+
+        from . import _disable
+
+        try:
+            _state.installed["disable"] = _disable.install(gate.release)
+        except Exception as e:
+            _state.installed["disable"] = _state.internal_error(e)
+        replaced = _replace_runtime(rw)
+        replaced += _replace_layers(rw)
+        _state.installed["replaced"] = replaced
+
+
+def uninstall() -> None:
+    """Put upstream's attributes back (used by tests; ``disable()`` is the user API)."""
+    with _install_lock:
+        for record in reversed(_state.installed.get("replaced", ())):
+            _state.restore(record)
+        _state.installed.clear()

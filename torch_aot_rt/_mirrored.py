@@ -1,0 +1,219 @@
+"""The upstream code the C path mirrors or depends on, and its fingerprints.
+
+A version string is a weak proof that the running torch is the code we read:
+a patch release, a distribution's rebuild or a local fix can change it without
+changing the series. So each verified release also records a fingerprint of
+the source of every piece of upstream code listed in :data:`MIRRORED` (read
+from the files, found by name with :mod:`ast`, hashed); the installer opens the
+gate only when the running torch's fingerprints equal its entry's, and
+otherwise names the first piece that differs.
+
+The source is read from the files of the installed torch, without importing
+any of them (a closed gate imports nothing), and the same code reads a torch
+from a wheel or another virtual environment: ``scripts/release_diff.py`` uses
+it to print what changed between two releases, piece by piece, which is the
+first step of adding a release. Stdlib only: the script loads this file by path.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import textwrap
+
+# (file under torch/, names in it): a top-level function, class or global
+# (a class covers all its methods), or Class.method. What of ours depends on
+# each is noted beside it.
+MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("_functorch/_aot_autograd/runtime_wrappers.py", (
+        # csrc/runtime_wrapper.c, csrc/epilogue.c, _plan.py: the runtime
+        # wrapper, its generated source and the reference Python it mirrors
+        "RuntimeWrapper",
+        "NoopAliasHandler",
+        "_unwrap_tensoralias",
+        "AliasOfInputHandler",
+        "IsInputHandler",
+        "AliasOfIntermediateHandler",
+        "make_output_handler",
+        "mark_dynamo_propagated_dynamic_indices",
+        "_should_disable_saved_tensors_hooks",
+        "_check_custom_op_aliasing",
+        "_FirstInvocationContext",
+        "_RuntimeCompiledFnInvoker",
+        "_RuntimeForwardEpilogue",
+        "_codegen_capture_orig_inputs",
+        "_codegen_increment_mutation_versions",
+        "_codegen_normalize_as_list",
+        "_codegen_compiled_fn_invocation",
+        "_codegen_epilogue",
+        "_create_runtime_wrapper",
+        "_disable_saved_tensors_hooks",
+        # csrc/serializable_call.c
+        "SerializableCompiledFunction",
+        # csrc/compiled_forward.c, compiled_backward.c, autograd_function.c,
+        # _autograd_plan.py: CompiledFunction and how it is built
+        "_snapshot_external_objects",
+        "coerce_to_expected_memory_format",
+        "AOTDispatchAutogradCompileSpec",
+        "_AutogradSavedState",
+        "_AutogradForwardEpilogue",
+        "_AutogradRngStateTracker",
+        "_AutogradBackwardCompiler",
+        "_codegen_backward_prologue",
+        "_codegen_backward_epilogue",
+        "_codegen_compiled_forward",
+        "_codegen_compiled_backward",
+        "_AOTDispatchAutogradFunctionFactory",
+        "AOTDispatchAutograd",
+    )),
+    ("_functorch/_aot_autograd/codegen.py", (
+        # _trace.py: where upstream's generated sources go (tlparse, capture)
+        "_current_capture_sink",
+        "_current_trace_sink",
+        "_format_runtime_wrapper_sources",
+        "_trace_runtime_wrapper_sources",
+        "aggregate_runtime_wrapper_sources",
+        "capture_generated_sources",
+    )),
+    ("_functorch/_aot_autograd/functional_utils.py", (
+        # csrc/epilogue.c: alias replay
+        "gen_alias_from_base",
+    )),
+    ("_functorch/_aot_autograd/utils.py", (
+        "make_boxed_func",
+        "call_func_at_runtime_with_args",
+        # _guards.py / csrc/saved_hooks_guard.c
+        "top_saved_tensors_hooks",
+        "saved_tensors_hooks_are_inlineable",
+        # _prepend.py
+        "simple_wraps",
+    )),
+    ("_functorch/_aot_autograd/schemas.py", (
+        # what plans read
+        "OutputType",
+        "MutationType",
+        "ViewAndMutationMeta",
+        "PlainTensorMeta",
+        "MemoryFormatMeta",
+    )),
+    ("_functorch/aot_autograd.py", (
+        # csrc/params_prepend.c: its forward closures
+        "aot_module_simplified",
+    )),
+    ("autograd/function.py", (
+        # csrc/function_apply.c, csrc/cpp/: Function.apply, the ctx, apply_boxed
+        "FunctionCtx",
+        "BackwardCFunction",
+        "FunctionMeta",
+        "Function",
+    )),
+    ("_dynamo/graph_bytecode_inputs.py", (
+        # the external-object snapshot and its restore
+        "index_to_external_object_weakref",
+        "set_external_object_by_index",
+        "store_user_object_weakrefs",
+    )),
+    ("_dynamo/guards.py", (
+        "GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS",
+    )),
+    ("_dynamo/eval_frame.py", (
+        # csrc/dynamo_disable.c
+        "DisableContext",
+        "_callback_from_stance",
+        "_maybe_set_eval_frame",
+    )),
+    ("compiler/__init__.py", (
+        "is_exporting",
+    )),
+)
+
+
+def names() -> list[str]:
+    """Every mirrored piece as ``file:name``, in table order."""
+    return [f"{path}:{name}" for path, pieces in MIRRORED for name in pieces]
+
+
+def _top_level(body: list, name: str) -> list:
+    """The module-level statements defining ``name``, including those under a
+    module-level ``if``/``try`` (a name defined per condition)."""
+    found = []
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == name:
+                found.append(node)
+        elif isinstance(node, ast.Assign):
+            if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                found.append(node)
+        elif isinstance(node, ast.AnnAssign):
+            if isinstance(node.target, ast.Name) and node.target.id == name:
+                found.append(node)
+        elif isinstance(node, ast.If):
+            found += _top_level(node.body, name) + _top_level(node.orelse, name)
+        elif isinstance(node, ast.Try):
+            for part in (node.body, node.orelse, node.finalbody):
+                found += _top_level(part, name)
+            for handler in node.handlers:
+                found += _top_level(handler.body, name)
+    return found
+
+
+def _segment(lines: list[str], node) -> str:
+    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", ())])
+    return textwrap.dedent("".join(lines[first - 1 : node.end_lineno]))
+
+
+def sources(torch_dir: str) -> dict[str, str | None]:
+    """``{file:name: source}`` of every mirrored piece in the torch package at
+    ``torch_dir`` (None where the file or the name does not exist)."""
+    out: dict[str, str | None] = {}
+    for path, pieces in MIRRORED:
+        try:
+            with open(os.path.join(torch_dir, path), encoding="utf-8") as f:
+                text = f.read()
+            tree = ast.parse(text)
+        except (OSError, SyntaxError, ValueError):
+            tree = None
+        lines = text.splitlines(keepends=True) if tree is not None else []
+        for name in pieces:
+            key = f"{path}:{name}"
+            if tree is None:
+                out[key] = None
+                continue
+            head, _, method = name.partition(".")
+            nodes = _top_level(tree.body, head)
+            if method:
+                nodes = [
+                    m for cls in nodes if isinstance(cls, ast.ClassDef)
+                    for m in cls.body
+                    if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.name == method
+                ]
+            out[key] = "".join(_segment(lines, n) for n in nodes) if nodes else None
+    return out
+
+
+def digest(source: str | None) -> str | None:
+    if source is None:
+        return None
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()[:16]
+
+
+def fingerprints(torch_dir: str) -> dict[str, str | None]:
+    """``{file:name: digest or None}`` of the torch package at ``torch_dir``."""
+    return {key: digest(src) for key, src in sources(torch_dir).items()}
+
+
+def mismatch(expected: dict, torch_dir: str) -> str | None:
+    """Why the torch at ``torch_dir`` is not the code ``expected`` records
+    (naming the first piece that differs), or None."""
+    actual = fingerprints(torch_dir)
+    for key in names():
+        want, have = expected.get(key), actual[key]
+        if want == have:
+            continue
+        if have is None:
+            return f"{key} is missing (the verified release has it)"
+        if want is None:
+            return f"{key} exists (the verified release has none)"
+        return f"{key} differs from the verified source"
+    return None
