@@ -14,9 +14,10 @@ from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
 import _differential as D
 from _cases import *  # noqa: F403  (the f_* programs, MODES, ctx_for, inputs_for)
 
-# On a torch where the import is inactive these run too (upstream vs upstream
-# with the package imported): the canary's end-to-end proof that nothing changes.
-pytestmark = pytest.mark.canary
+# Marked canary: on a torch where the import is inactive these run too
+# (upstream vs upstream with the package imported), the canary's end-to-end
+# proof that nothing changes. The AOTAutogradCache tests are not: they need a
+# torch whose aot_eager backend can be forced to cache.
 
 # (fn, shapes, inputs mutated in place: non-leaf in training)
 E2E_CASES = {
@@ -39,6 +40,7 @@ E2E_CASES = {
 }
 
 
+@pytest.mark.canary
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", sorted(E2E_CASES))
 def test_aot_eager(device, mode, case):
@@ -53,6 +55,7 @@ def test_aot_eager(device, mode, case):
     )
 
 
+@pytest.mark.canary
 @pytest.mark.parametrize("fn", [f_leaf_detach_mut, f_leaf_no_grad_mut], ids=["detach", "no_grad"])
 def test_aot_eager_hidden_leaf_mutation(device, fn):
     """A leaf that requires grad, mutated where autograd does not see it."""
@@ -65,6 +68,7 @@ def test_aot_eager_hidden_leaf_mutation(device, fn):
     assert on.calls[0]["inputs"][0]["version_delta"] > 0
 
 
+@pytest.mark.canary
 def test_aot_eager_detach_input(device):
     def factory(d):
         base = torch.randn(3, device=d, requires_grad=True)
@@ -85,6 +89,7 @@ class Net(torch.nn.Module):
         return y, y.view(-1), x.t()
 
 
+@pytest.mark.canary
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("train_mode", [True, False], ids=["module_train", "module_eval"])
 def test_aot_eager_module(device, mode, train_mode):
@@ -114,6 +119,7 @@ def f_inductor(a, b):
     return y, y.t(), b.view(-1), a.sum()
 
 
+@pytest.mark.canary
 @pytest.mark.inductor
 @pytest.mark.parametrize("mode", ["plain", "train"])
 def test_inductor(device, mode):
@@ -135,6 +141,7 @@ def test_inductor(device, mode):
         assert on.meta["bump"] == [0], on.meta
 
 
+@pytest.mark.canary
 @pytest.mark.inductor
 def test_inductor_inference_mode(device):
     D.run_differential(
@@ -150,9 +157,13 @@ def test_inductor_inference_mode(device):
 # AOTAutogradCache
 
 BUNDLED_CACHE = {
-    "enable_autograd_cache": True,
-    "force_autograd_cache": True,
-    "bundled_autograd_cache": True,
+    k: v
+    for k, v in {
+        "enable_autograd_cache": True,
+        "force_autograd_cache": True,  # not on every torch the canaries run
+        "bundled_autograd_cache": True,
+    }.items()
+    if hasattr(torch._functorch.config, k)
 }
 
 
