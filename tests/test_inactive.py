@@ -226,7 +226,8 @@ def test_opt_in_with_changed_signature_replaces_nothing():
     """)
     result = run(before, TORCH_AOT_RT_UNVERIFIED="1")
     _check_untouched(result, "torch internals differ")
-    assert "_create_runtime_wrapper" in result["stats"]["torch"]["inactive"]
+    if D.C_ENABLED:  # elsewhere another internal may be the first to differ
+        assert "_create_runtime_wrapper" in result["stats"]["torch"]["inactive"]
 
 
 @pytest.mark.skipif(D.INACTIVE is not None or not D.IMPORT_ENABLED,
