@@ -51,7 +51,7 @@ class _MarkerRequirement:
         if not self.executed:
             return pytest.ExitCode.NO_TESTS_COLLECTED, (
                 f"test.sh: --require-marker {self.name}: no test marked {self.name} was "
-                f"executed ({len(self.marked)} selected): failing the run"
+                f"executed ({len(self.marked)} of the selected tests carry it): failing the run"
             )
         return None
 

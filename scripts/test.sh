@@ -85,7 +85,9 @@ run_config() {
         export TORCH_AOT_RT_CPP="$cpp" PYTHONPATH="$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}"
         run_py -m pytest -p pytest_require_tests tests -q "${canary_args[@]}" "$@" </dev/null
     ) || rc=$?
-    if [ "$rc" -eq 5 ]; then
+    if [ "$rc" -eq 5 ] && is_canary "$version"; then
+        echo "test.sh: pytest ran no tests, or no test marked canary ($(label_of "$version" "$cpp"), exit 5): counted as a failure" >&2
+    elif [ "$rc" -eq 5 ]; then
         echo "test.sh: pytest ran no tests ($(label_of "$version" "$cpp"), exit 5): counted as a failure" >&2
     fi
     return "$rc"
@@ -134,10 +136,20 @@ echo 0 >"$WORK/next"
 lane_pids=()
 # shellcheck disable=SC2329  # the EXIT trap's
 cleanup() {
-    local pid
-    for pid in "${lane_pids[@]}"; do
-        kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
-    done
+    local pid log
+    if [ "${#lane_pids[@]}" -gt 0 ]; then
+        for pid in "${lane_pids[@]}"; do
+            kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
+        done
+        # interrupted: what the steps under way had written so far
+        for log in "$WORK"/log-*; do
+            case "$log" in *.tag | *.label | *.shown) continue ;; esac
+            if [ -f "$log" ] && [ ! -e "$log.shown" ]; then
+                echo "test.sh: interrupted; the log of $(cat "$log.label") so far:" >&2
+                sed "s|^|$(cat "$log.tag") |" "$log" >&2
+            fi
+        done
+    fi
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -158,8 +170,11 @@ next_release() {
 # say LANE TEXT: one line of the lane's own, to stderr.
 say() { (flock 9; echo "[lane $1] $2" >&2) 9>>"$WORK/out.lock"; }
 
+# start_log LOG TAG LABEL: a step's log, empty, with what cleanup needs to show it.
+start_log() { : >"$1"; echo "$2" >"$1.tag"; echo "$3" >"$1.label"; }
+
 # show TAG LOG: the log of one step, whole, each line prefixed by TAG, to stdout.
-show() { (flock 9; sed "s|^|$1 |" "$2") 9>>"$WORK/out.lock"; }
+show() { (flock 9; sed "s|^|$1 |" "$2"; : >"$2.shown") 9>>"$WORK/out.lock"; }
 
 seconds_since() { echo $(($(date +%s) - $1)); }
 
@@ -173,6 +188,7 @@ run_lane() {
         version="${releases[$idx]}"
         tag="$(tag_of "$version" setup)"
         log="$WORK/log-$idx-setup"
+        start_log "$log" "$tag" "the set-up of torch $version"
         say "$lane" "torch $version: set-up started"
         t0="$(date +%s)"
         rc=0
@@ -188,6 +204,7 @@ run_lane() {
                 continue
             fi
             log="$WORK/log-$idx-$cpp"
+            start_log "$log" "$(tag_of "$version" "$cpp")" "$(label_of "$version" "$cpp")"
             say "$lane" "$(label_of "$version" "$cpp"): started"
             t0="$(date +%s)"
             run_rc=0
