@@ -7,7 +7,8 @@
 # (sets VENV and PY for that release, creates nothing) and `setup_torch_env VERSION`,
 # which on a fresh machine creates .venv-X.Y, installs torch==VERSION and the test
 # tools into it and builds the C extension there. When the venv is already set up it
-# only rebuilds the extension (a few seconds), so csrc/ changes are always picked up.
+# only rebuilds the extension (about 80 s with the C++ part on 2 cores, a few seconds
+# for the C core alone), so csrc/ changes are always picked up.
 #
 # After setup_torch_env: $ROOT (repo root, also the cwd), $VENV, $PY (that venv's
 # python) and the function `run_py ARGS...`, which runs $PY with the sanitizer
@@ -17,16 +18,13 @@
 #   PYTHON=python3.11        interpreter used to create the venvs (default: python3)
 #   TORCH_AOT_RT_DEBUG=1     -O0 -g build with asserts         (read by setup.py)
 #   TORCH_AOT_RT_SANITIZE=1  ASan/UBSan build                  (read by setup.py)
-#   TORCH_AOT_RT_BUILD_LOCK=FILE  builds of the extension take this lock (flock), so
-#                            set-ups running side by side (scripts/test.sh's lanes)
-#                            never build into the same checkout at once
 #
 # Never let pip pull another torch (a CUDA build is several GB): torch is pinned per
 # venv and only installed when the venv lacks that release in any build; the package
 # itself is installed with --no-build-isolation --no-deps, so its build never
 # resolves torch. Here torch==2.13.0 is a CPU build and torch==2.14.1 a CUDA build of
-# about 5.5 GB (both lie on this disk); 2.15.0 and the canaries are CUDA builds from
-# PyPI, about 6 GB per venv. All of them run on the CPU. A pip constraints file
+# about 5.5 GB (both lie on the project's machines as local files pip finds); 2.15.0
+# and the canaries are CUDA builds from PyPI, about 5 to 7 GB per venv. All of them run on the CPU. A pip constraints file
 # capping torch (a machine's pip configuration) is lifted for these installs
 # (PIP_CONSTRAINT=/dev/null): the pin is the exact release.
 
@@ -147,21 +145,8 @@ EOF
     _log "building torch_aot_rt against $("$PY" -c 'import torch; print(torch.__version__)')" \
         "(C++ part: $([ "$cpp" = 0 ] && echo no || echo yes)," \
         "debug=${TORCH_AOT_RT_DEBUG:-0} sanitize=${TORCH_AOT_RT_SANITIZE:-0})"
-    #    Two builds at once in one checkout would write the same files (the C core's
-    #    module in the source tree): with TORCH_AOT_RT_BUILD_LOCK they take turns. A
-    #    build replaces a module file by a new one (setuptools unlinks it first), so a
-    #    process that has the old one loaded keeps running on it.
-    local t0=$SECONDS lock_fd=
-    if [ -n "${TORCH_AOT_RT_BUILD_LOCK:-}" ]; then
-        exec {lock_fd}>>"$TORCH_AOT_RT_BUILD_LOCK"
-        flock "$lock_fd"
-        if [ $((SECONDS - t0)) -gt 0 ]; then
-            _log "waited $((SECONDS - t0)) s for another build to end"
-        fi
-        t0=$SECONDS
-    fi
+    local t0=$SECONDS
     "${build[@]}"
-    if [ -n "$lock_fd" ]; then exec {lock_fd}>&-; fi # closing it releases the lock
     _log "built in $((SECONDS - t0)) s"
 }
 
