@@ -134,12 +134,12 @@ EOF
     fi
 
     # 3. the extension: always rebuilt (setuptools builds editable wheels in a fresh temp dir).
-    #    On a canary the C++ part is not built unless TORCH_AOT_RT_CPP=1 asks for it: it
-    #    compiles against torch's C++ internals of a verified release (2.10's and 2.11's
-    #    autograd nodes are held by shared_ptr: it does not build there), and no compile
-    #    would use it on a torch no entry covers.
+    #    On a canary the C++ part is not built: it compiles against torch's C++
+    #    internals of a verified release (2.10's and 2.11's autograd nodes are held by
+    #    shared_ptr: it does not build there), and no compile would use it on a torch
+    #    no entry covers.
     local cpp="${TORCH_AOT_RT_CPP:-}"
-    if [ -z "$cpp" ] && is_canary "$version"; then cpp=0; fi
+    if is_canary "$version"; then cpp=0; fi
     local -a build=("$PY" -m pip install --disable-pip-version-check -q --no-build-isolation --no-deps -e .)
     if [ -n "$cpp" ]; then build=(env TORCH_AOT_RT_CPP="$cpp" "${build[@]}"); fi
     _log "building torch_aot_rt against $("$PY" -c 'import torch; print(torch.__version__)')" \

@@ -9,9 +9,9 @@
 # torch) and with the C core alone (TORCH_AOT_RT_CPP=0). Setting TORCH_AOT_RT_CPP
 # (1 or 0) runs only that configuration. On a canary (a torch release no entry of
 # torch_aot_rt/_versions.py covers) the suite runs once, with the C core alone (the
-# C++ part is not built there), TORCH_AOT_RT_CANARY=1 and `--require-marker canary`:
-# the tests that check that the package changes nothing there must run, none of them
-# skipped.
+# C++ part is not built there, whatever TORCH_AOT_RT_CPP says), TORCH_AOT_RT_CANARY=1
+# and `--require-marker canary`: the tests that check that the package changes
+# nothing there must run, none of them skipped.
 #
 # Side by side: without TORCH_AOT_RT_TORCH, a set-up lane prepares the venvs one
 # after the other, in the order below (downloads, installs, builds), while
@@ -49,11 +49,13 @@ else
 fi
 
 # configs_of VERSION: the TORCH_AOT_RT_CPP values it runs with.
+# A canary has one: the C core alone (the C++ part is not built there, see
+# scripts/setup_env.sh), whatever TORCH_AOT_RT_CPP says.
 configs_of() {
-    if [ -n "${TORCH_AOT_RT_CPP:-}" ]; then
+    if is_canary "$1"; then
+        echo 0
+    elif [ -n "${TORCH_AOT_RT_CPP:-}" ]; then
         echo "$TORCH_AOT_RT_CPP"
-    elif is_canary "$1"; then
-        echo 0 # the C++ part is not built there (scripts/setup_env.sh)
     else
         echo 1 0
     fi
