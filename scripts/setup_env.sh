@@ -1,15 +1,18 @@
 # shellcheck shell=bash
 # Shared set-up, sourced by scripts/test.sh and scripts/demo.sh (not meant to be run alone).
 #
-# Defines TORCH_RELEASES (the torch releases CI tests, one virtual environment each)
-# and `setup_torch_env VERSION`, which on a fresh machine creates .venv-X.Y, installs
-# torch==VERSION and the test tools into it and builds the C extension there. When the
-# venv is already set up it only rebuilds the extension (a few seconds), so csrc/
-# changes are always picked up.
+# Defines TORCH_RELEASES (the torch releases CI tests, one virtual environment each),
+# CANARY_RELEASES (torch releases no entry of torch_aot_rt/_versions.py covers, on
+# which the package must change nothing), `is_canary VERSION`, `torch_env VERSION`
+# (sets VENV and PY for that release, creates nothing) and `setup_torch_env VERSION`,
+# which on a fresh machine creates .venv-X.Y, installs torch==VERSION and the test
+# tools into it and builds the C extension there. When the venv is already set up it
+# only rebuilds the extension (about 80 s with the C++ part on 2 cores, a few seconds
+# for the C core alone), so csrc/ changes are always picked up.
 #
-# After setup_torch_env: $ROOT (repo root, also the cwd), $PY (that venv's python)
-# and the function `run_py ARGS...`, which runs $PY with the sanitizer runtime
-# preloaded when TORCH_AOT_RT_SANITIZE=1.
+# After setup_torch_env: $ROOT (repo root, also the cwd), $VENV, $PY (that venv's
+# python) and the function `run_py ARGS...`, which runs $PY with the sanitizer
+# runtime preloaded when TORCH_AOT_RT_SANITIZE=1.
 #
 # Environment knobs:
 #   PYTHON=python3.11        interpreter used to create the venvs (default: python3)
@@ -19,23 +22,65 @@
 # Never let pip pull another torch (a CUDA build is several GB): torch is pinned per
 # venv and only installed when the venv lacks that release in any build; the package
 # itself is installed with --no-build-isolation --no-deps, so its build never
-# resolves torch. torch==2.14.1 here is a local CUDA build of about 5.5 GB that runs
-# on the CPU; torch==2.13.0 a CPU build.
+# resolves torch. Here torch==2.13.0 is a CPU build and torch==2.14.1 a CUDA build of
+# about 5.5 GB (both lie on the project's machines as local files pip finds); 2.15.0
+# and the canaries are CUDA builds from PyPI, about 5 to 7 GB per venv. All of them run on the CPU. A pip constraints file
+# capping torch (a machine's pip configuration) is lifted for these installs
+# (PIP_CONSTRAINT=/dev/null): the pin is the exact release.
 
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-# The releases the suite runs on; keep in step with torch_aot_rt/_versions.py.
-TORCH_RELEASES=(2.13.0 2.14.1)
+# The releases the suite runs on, and the canaries (releases no entry covers: the
+# suite checks that the package changes nothing there); keep both in step with
+# torch_aot_rt/_versions.py.
+# shellcheck disable=SC2034  # read by the scripts that source this file
+TORCH_RELEASES=(2.13.0 2.14.1 2.15.0)
+CANARY_RELEASES=(2.10.0 2.11.0)
 
 _log() { printf '[setup] %s\n' "$*" >&2; }
 
+is_canary() {
+    local v
+    for v in "${CANARY_RELEASES[@]}"; do
+        if [ "$v" = "$1" ]; then return 0; fi
+    done
+    return 1
+}
+
+# VENV and PY for a release (X.Y.Z -> .venv-X.Y); creates nothing.
+torch_env() {
+    VENV="$ROOT/.venv-${1%.*}"
+    PY="$VENV/bin/python"
+}
+
+# pip install ARGS into $PY's venv, the constraints cap lifted, retried: pip retries
+# a failed connection itself (--retries, --timeout for a stalled read); a download
+# that still fails (a reset in the middle of a wheel of 1 GB) is started over, up to
+# 3 times. What was downloaded whole stays in pip's cache and is not fetched again.
+_pip_install() {
+    local attempt rc
+    for attempt in 1 2 3; do
+        rc=0
+        # The local index prints one "Location ... is ignored" line per package: noise.
+        PIP_CONSTRAINT=/dev/null "$PY" -m pip install --disable-pip-version-check -q \
+            --retries 10 --timeout 60 "$@" 2>&1 \
+            | { grep -v "^WARNING: Location '.*' is ignored" || true; } || rc=$?
+        if [ "$rc" -eq 0 ]; then return 0; fi
+        if [ "$attempt" -lt 3 ]; then
+            _log "pip install failed (exit $rc, attempt $attempt of 3): retrying in $((attempt * 15)) s"
+            sleep $((attempt * 15))
+        fi
+    done
+    _log "pip install failed 3 times (exit $rc): $*"
+    return "$rc"
+}
+
 setup_torch_env() {
     local version="$1"
-    VENV="$ROOT/.venv-${version%.*}"
-    PY="$VENV/bin/python"
+    torch_env "$version"
     TORCH_SPEC="torch==$version"
 
     # 1. virtual environment
@@ -80,18 +125,29 @@ EOF
 )"
     if [ -n "$missing" ]; then
         _log "installing into $VENV: $missing"
+        local t0=$SECONDS
         # $missing is a space-separated list of requirement specs; split on purpose.
-        # The local index prints one "Location ... is ignored" line per package: noise.
         # shellcheck disable=SC2086
-        "$PY" -m pip install --disable-pip-version-check -q $missing 2>&1 \
-            | { grep -v "^WARNING: Location '.*' is ignored" || true; }
+        _pip_install $missing
         "$PY" -c "import torch" # fail here, not in the tests, if the install did not take
+        _log "installed in $((SECONDS - t0)) s"
     fi
 
     # 3. the extension: always rebuilt (setuptools builds editable wheels in a fresh temp dir).
+    #    On a canary the C++ part is not built: it compiles against torch's C++
+    #    internals of a verified release (2.10's and 2.11's autograd nodes are held by
+    #    shared_ptr: it does not build there), and no compile would use it on a torch
+    #    no entry covers.
+    local cpp="${TORCH_AOT_RT_CPP:-}"
+    if is_canary "$version"; then cpp=0; fi
+    local -a build=("$PY" -m pip install --disable-pip-version-check -q --no-build-isolation --no-deps -e .)
+    if [ -n "$cpp" ]; then build=(env TORCH_AOT_RT_CPP="$cpp" "${build[@]}"); fi
     _log "building torch_aot_rt against $("$PY" -c 'import torch; print(torch.__version__)')" \
-        "(debug=${TORCH_AOT_RT_DEBUG:-0} sanitize=${TORCH_AOT_RT_SANITIZE:-0})"
-    "$PY" -m pip install --disable-pip-version-check -q --no-build-isolation --no-deps -e .
+        "(C++ part: $([ "$cpp" = 0 ] && echo no || echo yes)," \
+        "debug=${TORCH_AOT_RT_DEBUG:-0} sanitize=${TORCH_AOT_RT_SANITIZE:-0})"
+    local t0=$SECONDS
+    "${build[@]}"
+    _log "built in $((SECONDS - t0)) s"
 }
 
 # 4. a sanitizer build needs its runtime loaded first into the (uninstrumented) python.

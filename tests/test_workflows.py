@@ -3,7 +3,9 @@
 They cannot run here; scripts/lint_workflows.sh lints them (schema and
 zizmor). This pins, in the suite, that there is one way to test: every job's
 test step runs `bash .ci/run`, with the torch release it names, and the CUDA
-job requires CUDA.
+job requires CUDA; and that the jobs cover scripts/setup_env.sh's releases:
+the CPU job its TORCH_RELEASES and CANARY_RELEASES, the CUDA job its
+TORCH_RELEASES.
 """
 
 from __future__ import annotations
@@ -22,23 +24,44 @@ def _jobs(text: str) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2]))
 
 
-def test_every_job_runs_ci_run():
+def _workflow_jobs() -> dict[str, str]:
     with open(WORKFLOW) as f:
-        text = f.read()
-    jobs = _jobs(text)
+        return _jobs(f.read())
+
+
+def _matrix_torch(job: str) -> list[str]:
+    """The job's `torch: [...]` matrix entry."""
+    m = re.search(r"^\s+torch: \[(.*)\]$", job, flags=re.M)
+    assert m is not None, job
+    return [r.strip(' "') for r in m.group(1).split(",")]
+
+
+def _setup_env_list(name: str) -> list[str]:
+    """A bash array of scripts/setup_env.sh: NAME=(a b c)."""
+    with open(os.path.join(ROOT, "scripts", "setup_env.sh")) as f:
+        m = re.search(rf"^{name}=\((.*)\)$", f.read(), flags=re.M)
+    assert m is not None, name
+    return m.group(1).split()
+
+
+def test_every_job_runs_ci_run():
+    jobs = _workflow_jobs()
     assert set(jobs) == {"cpu", "cuda"}, sorted(jobs)
     for name, job in jobs.items():
         runs = re.findall(r"^\s+run: (.+)$", job, flags=re.M)
         assert "bash .ci/run" in runs, (name, runs)
         assert "TORCH_AOT_RT_TORCH: ${{ matrix.torch }}" in job, name
-        releases = re.search(r'torch: \[(.*)\]', job).group(1)
-        assert [r.strip(' "') for r in releases.split(",")] == ["2.13.0", "2.14.1"], name
     assert 'TORCH_AOT_RT_REQUIRE_CUDA: "1"' in jobs["cuda"]
     assert re.search(r'python: \["3.10", "3.11", "3.12"\]', jobs["cpu"])
 
 
 def test_releases_match_setup_env():
-    """The workflow's releases are the ones scripts/setup_env.sh tests."""
-    with open(os.path.join(ROOT, "scripts", "setup_env.sh")) as f:
-        m = re.search(r"^TORCH_RELEASES=\((.*)\)$", f.read(), flags=re.M)
-    assert m.group(1).split() == ["2.13.0", "2.14.1"]
+    """The workflow's releases are the ones scripts/setup_env.sh tests: the CPU
+    job runs every release and every canary, the CUDA job every release."""
+    releases = _setup_env_list("TORCH_RELEASES")
+    canaries = _setup_env_list("CANARY_RELEASES")
+    assert releases and canaries
+    assert not set(releases) & set(canaries), (releases, canaries)
+    jobs = _workflow_jobs()
+    assert _matrix_torch(jobs["cpu"]) == releases + canaries
+    assert _matrix_torch(jobs["cuda"]) == releases
