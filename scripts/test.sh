@@ -49,11 +49,11 @@ else
 fi
 
 # configs_of VERSION: the TORCH_AOT_RT_CPP values it runs with.
-# A canary has one: the C core alone (the C++ part is not built there, see
-# scripts/setup_env.sh), whatever TORCH_AOT_RT_CPP says.
+# A canary has one: as a user runs it (no TORCH_AOT_RT_CPP; setup.py skips the
+# C++ part there, see scripts/setup_env.sh), whatever TORCH_AOT_RT_CPP says.
 configs_of() {
     if is_canary "$1"; then
-        echo 0
+        echo 1
     elif [ -n "${TORCH_AOT_RT_CPP:-}" ]; then
         echo "$TORCH_AOT_RT_CPP"
     else
@@ -65,7 +65,7 @@ label_of() { # VERSION CPP
     local what
     if [ "$2" = "0" ]; then what="C core alone (TORCH_AOT_RT_CPP=0)"
     else what="with the C++ part"; fi
-    if is_canary "$1"; then echo "torch $1, canary, $what"
+    if is_canary "$1"; then echo "torch $1, canary (installed and run as a user would)"
     else echo "torch $1, $what"; fi
 }
 

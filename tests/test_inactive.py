@@ -6,7 +6,8 @@ the recorded fingerprints, or where the opt-in's internals do not bind,
 ``import torch_aot_rt`` replaces no attribute of torch, says so once with an
 ``InactiveWarning``, and every compile is upstream's. On a verified torch the
 same paths are reached by faking what the gate reads, in a subprocess, so
-these tests run (and can fail) on every torch.
+these tests run (and can fail) on every torch (those marked canary; the two
+needs_c ones need a verified torch to fake a change on).
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ import pytest
 import torch
 
 import _differential as D
-
-pytestmark = pytest.mark.canary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -189,6 +188,7 @@ def _fake_prerelease() -> str:
     return f"torch.__version__ = '{major}.{minor}.0a0+gitfake'"
 
 
+@pytest.mark.canary
 def test_import_on_unverified_torch_changes_nothing():
     fake = _fake_unverified()
     result = run(fake)
@@ -196,6 +196,7 @@ def test_import_on_unverified_torch_changes_nothing():
     _check_untouched(result, f"torch {version} is not a verified version")
 
 
+@pytest.mark.canary
 def test_opt_in_never_breaks_a_compile():
     """TORCH_AOT_RT_UNVERIFIED=1 on any torch: whatever the gate decides, the
     compile never raises because of us and results are upstream's; where the
@@ -210,6 +211,7 @@ def test_opt_in_never_breaks_a_compile():
         assert stats["runtime_wrappers"] == stats["fallbacks"] == 0, stats
 
 
+@pytest.mark.canary
 def test_opt_in_with_changed_signature_replaces_nothing():
     """An opt-in torch whose _create_runtime_wrapper takes other arguments: the
     internals do not bind; nothing is replaced, and the reason names it."""
@@ -230,8 +232,7 @@ def test_opt_in_with_changed_signature_replaces_nothing():
         assert "_create_runtime_wrapper" in result["stats"]["torch"]["inactive"]
 
 
-@pytest.mark.skipif(D.INACTIVE is not None or not D.IMPORT_ENABLED,
-                    reason="fakes a changed fingerprint on a verified torch")
+@pytest.mark.needs_c  # fakes a changed fingerprint on a verified torch
 def test_changed_mirrored_code_closes_the_gate():
     """A verified series whose mirrored code is not the recorded source (a
     patch release, a rebuild, a local fix): inactive, naming the piece."""
@@ -251,8 +252,7 @@ def test_changed_mirrored_code_closes_the_gate():
     )
 
 
-@pytest.mark.skipif(D.INACTIVE is not None or not D.IMPORT_ENABLED,
-                    reason="the active path's counterpart of the tests above")
+@pytest.mark.needs_c  # the active path's counterpart of the tests above
 def test_active_import_replaces_exactly_ours():
     """Where the gate is open, the import replaces what the installer lists
     (the control for the snapshot above: it does see replacements)."""
