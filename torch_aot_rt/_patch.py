@@ -98,6 +98,15 @@ def _check_release(rw, rel) -> None:
             f"ViewAndMutationMeta.saved_tensor_is_graph_input differs from torch {rel.name}"
         )
     rw._FirstInvocationContext  # noqa: B018 (on every verified release)
+    registry = rw.__dict__.get("index_to_external_object_weakref")
+    kind = None if registry is None else type(registry).__name__
+    if kind != rel.external_objects_registry:
+        raise RuntimeError(
+            f"runtime_wrappers.index_to_external_object_weakref is {kind}, "
+            f"unlike torch {rel.name}'s {rel.external_objects_registry}"
+        )
+    if rel.external_objects_setter is not None:
+        getattr(rw, rel.external_objects_setter)  # AttributeError: not this release
 
 
 def _source_capture_sink(rel):
@@ -147,6 +156,8 @@ def install() -> None:
                         if rel.snapshots_external_objects
                         else None
                     ),
+                    external_objects_type=rel.external_objects_registry,
+                    external_objects_setter=rel.external_objects_setter,
                     cpp=capsule,
                 )
                 _installed["cpp"] = (cpp_module, cpp_reason)
