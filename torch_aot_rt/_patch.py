@@ -107,6 +107,19 @@ def _check_release(rw, rel) -> None:
         )
     if rel.external_objects_setter is not None:
         getattr(rw, rel.external_objects_setter)  # AttributeError: not this release
+    try:  # 2.14 on
+        from torch._functorch._aot_autograd import codegen
+    except ImportError:
+        codegen = None
+    aggregates = hasattr(codegen, "aggregate_runtime_wrapper_sources")
+    if aggregates != rel.aggregates_runtime_wrapper_trace:
+        raise RuntimeError(
+            f"codegen.aggregate_runtime_wrapper_sources is{'' if aggregates else ' not'} "
+            f"there, unlike torch {rel.name}"
+        )
+    if aggregates:  # what _trace.log_plan calls
+        codegen._current_trace_sink  # noqa: B018
+        codegen._trace_runtime_wrapper_sources  # noqa: B018
 
 
 def _source_capture_sink(rel):

@@ -74,6 +74,13 @@ class Release:
     # graph_bytecode_inputs.keep_alive, writes the module's *current* list,
     # appends at idx == len and raises AssertionError past the end).
     external_objects_setter: str | None
+    # codegen (2.15): the runtime-wrapper sources of one compile (or cache
+    # hit) go to TORCH_TRACE as ONE artifact, aot_autograd_runtime_wrappers,
+    # of "# <name>\n<source>" blocks (codegen.aggregate_runtime_wrapper_sources;
+    # outside such a scope, one such artifact per source); 2.13/2.14 log each
+    # source as its own artifact named after it. _trace.py logs the C plan's
+    # description the same way.
+    aggregates_runtime_wrapper_trace: bool
 
     def __post_init__(self) -> None:
         # the registry exists exactly where the forward snapshots it; only a
@@ -103,6 +110,7 @@ VERIFIED: tuple[Release, ...] = (
         disable_skips_none_callback=False,
         external_objects_registry=None,
         external_objects_setter=None,
+        aggregates_runtime_wrapper_trace=False,
     ),
     Release(
         series=(2, 14),
@@ -116,6 +124,7 @@ VERIFIED: tuple[Release, ...] = (
         disable_skips_none_callback=True,
         external_objects_registry="dict",
         external_objects_setter=None,
+        aggregates_runtime_wrapper_trace=False,
     ),
 )
 
