@@ -229,9 +229,11 @@ direct_setter(PyObject *fn, PyCFunctionWithKeywords *c, PyObject **self)
     }
 }
 
-/* The C++ part's table, checked: a capsule of our name and API version. */
+/* The C++ part's table, checked: a capsule of our name and API version,
+ * built for a torch whose ctx has input_grad_buffers exactly when the
+ * release says so (its node's grad_fn answers it then). */
 static int
-bind_cpp(rt_state *st, PyObject *capsule)
+bind_cpp(rt_state *st, PyObject *capsule, int input_grad_buffers)
 {
     Py_CLEAR(st->cpp_capsule);
     st->cpp = st->cpp_loaded = NULL;
@@ -245,6 +247,13 @@ bind_cpp(rt_state *st, PyObject *capsule)
     if (api->api_version != RT_CPP_API_VERSION) {
         PyErr_Format(PyExc_ValueError, "C++ part has API version %d, the C core %d",
                      api->api_version, RT_CPP_API_VERSION);
+        return -1;
+    }
+    if (!api->node_input_grad_buffers != !input_grad_buffers) {
+        PyErr_Format(PyExc_ValueError,
+                     "C++ part built %s ctx.input_grad_buffers, for a release %s it",
+                     api->node_input_grad_buffers ? "with" : "without",
+                     input_grad_buffers ? "with" : "without");
         return -1;
     }
     st->cpp_capsule = Py_NewRef(capsule);
@@ -321,7 +330,7 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
     BIND(saved_hooks_disable, "torch._C._autograd", "_saved_tensors_hooks_disable");
     BIND(saved_hooks_enable, "torch._C._autograd", "_saved_tensors_hooks_enable");
     if (bind_autograd(st, names) < 0 ||
-        bind_cpp(st, cpp_capsule) < 0) { /* last: the table is in use only once bound */
+        bind_cpp(st, cpp_capsule, names->input_grad_buffers) < 0) { /* last: the table is in use only once bound */
         return -1;
     }
     st->bound = 1;

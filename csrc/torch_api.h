@@ -195,6 +195,7 @@ typedef struct {
     const char *external_objects;         /* runtime_wrappers global, or NULL */
     const char *external_objects_type;    /* its type: "dict" or "list" */
     const char *external_objects_setter;  /* runtime_wrappers global, or NULL */
+    int input_grad_buffers;               /* the ctx has input_grad_buffers */
 } rt_release_names;
 
 /* torch look-ups: once, after torch imports */

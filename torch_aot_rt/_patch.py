@@ -120,6 +120,12 @@ def _check_release(rw, rel) -> None:
     if aggregates:  # what _trace.log_plan calls
         codegen._current_trace_sink  # noqa: B018
         codegen._trace_runtime_wrapper_sources  # noqa: B018
+    buffers = hasattr(torch._C._FunctionBase, "_input_grad_buffers")
+    if buffers != rel.has_input_grad_buffers:
+        raise RuntimeError(
+            f"_FunctionBase._input_grad_buffers is{'' if buffers else ' not'} there, "
+            f"unlike torch {rel.name}"
+        )
 
 
 def _source_capture_sink(rel):
@@ -171,6 +177,7 @@ def install() -> None:
                     ),
                     external_objects_type=rel.external_objects_registry,
                     external_objects_setter=rel.external_objects_setter,
+                    input_grad_buffers=rel.has_input_grad_buffers,
                     cpp=capsule,
                 )
                 _installed["cpp"] = (cpp_module, cpp_reason)

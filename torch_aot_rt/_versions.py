@@ -81,6 +81,12 @@ class Release:
     # source as its own artifact named after it. _trace.py logs the C plan's
     # description the same way.
     aggregates_runtime_wrapper_trace: bool
+    # FunctionCtx.input_grad_buffers / _FunctionBase._input_grad_buffers
+    # (2.15): the engine's current gradient buffers of the Function's inputs,
+    # readable while its backward runs. The C++ node's grad_fn answers it
+    # where its build has it (csrc/cpp, on the headers of 2.15 on); the
+    # binding checks that the C++ part loaded agrees with this.
+    has_input_grad_buffers: bool
 
     def __post_init__(self) -> None:
         # the registry exists exactly where the forward snapshots it; only a
@@ -111,6 +117,7 @@ VERIFIED: tuple[Release, ...] = (
         external_objects_registry=None,
         external_objects_setter=None,
         aggregates_runtime_wrapper_trace=False,
+        has_input_grad_buffers=False,
     ),
     Release(
         series=(2, 14),
@@ -125,6 +132,7 @@ VERIFIED: tuple[Release, ...] = (
         external_objects_registry="dict",
         external_objects_setter=None,
         aggregates_runtime_wrapper_trace=False,
+        has_input_grad_buffers=False,
     ),
 )
 
