@@ -670,6 +670,55 @@ def test_forward_returns_one_output_too_many():
 
 
 # ---------------------------------------------------------------------------
+# 7. the lazy backward compile under deferred_full_gc (2.15)
+
+
+def test_lazy_backward_compile_defers_gc():
+    """2.15 compiles the backward (lazily, at the first backward) under
+    ``deferred_full_gc()``: the gen2 GC threshold is raised to at least
+    ``torch._dynamo.config.gc_gen2_threshold_during_compile`` while the
+    backward compiler runs, and put back after. The C backward calls
+    upstream's ``get_or_compile``, so it inherits that: the same thresholds
+    either way, and untouched on 2.13/2.14."""
+    import gc
+
+    import torch._dynamo.config as dynamo_config
+
+    patch = (
+        dynamo_config.patch(gc_gen2_threshold_during_compile=4321)
+        if hasattr(dynamo_config, "gc_gen2_threshold_during_compile")
+        else contextlib.nullcontext()
+    )
+    results = {}
+    saved = gc.get_threshold()
+    try:
+        for use_c in (False, True):
+            _seeded()
+            gc.set_threshold(700, 10, 7)
+            seen = []
+
+            def bw_compiler(gm, example_inputs):
+                seen.append(gc.get_threshold())
+                return nop(gm, example_inputs)
+
+            with patch:
+                with T.c_runtime(use_c):
+                    g = aot_function(f_mul, fw_compiler=nop, bw_compiler=bw_compiler)
+                    (out,) = g(leaf(3, 3), leaf(3, 3))
+                T.check_classes([out], use_c, expect=1)
+                compiled_at_forward = list(seen)
+                out.sum().backward()
+            results[use_c] = (compiled_at_forward, seen, gc.get_threshold())
+    finally:
+        gc.set_threshold(*saved)
+    assert results[False] == results[True], results
+    compiled_at_forward, seen, after = results[False]
+    assert compiled_at_forward == [] and after == (700, 10, 7), results[False]
+    expect = (700, 10, 4321) if RELEASE.backward_compile_defers_gc else (700, 10, 7)
+    assert seen == [expect], seen
+
+
+# ---------------------------------------------------------------------------
 # reference counts of the release-dependent paths, over many calls
 
 

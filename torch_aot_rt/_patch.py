@@ -126,6 +126,12 @@ def _check_release(rw, rel) -> None:
             f"_FunctionBase._input_grad_buffers is{'' if buffers else ' not'} there, "
             f"unlike torch {rel.name}"
         )
+    defers = "deferred_full_gc" in rw._AutogradBackwardCompiler.get_or_compile.__code__.co_names
+    if defers != rel.backward_compile_defers_gc:
+        raise RuntimeError(
+            f"the lazy backward compile does{'' if defers else ' not'} defer full GCs, "
+            f"unlike torch {rel.name}"
+        )
 
 
 def _source_capture_sink(rel):

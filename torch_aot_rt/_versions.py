@@ -87,6 +87,12 @@ class Release:
     # where its build has it (csrc/cpp, on the headers of 2.15 on); the
     # binding checks that the C++ part loaded agrees with this.
     has_input_grad_buffers: bool
+    # _AutogradBackwardCompiler.get_or_compile (the lazy backward compile)
+    # runs under torch._dynamo.utils.deferred_full_gc() (2.15: gen2 GC
+    # threshold raised while it compiles). Inherited, not mirrored: the C
+    # backward calls upstream's get_or_compile; the field records it for
+    # the install check and the tests.
+    backward_compile_defers_gc: bool
 
     def __post_init__(self) -> None:
         # the registry exists exactly where the forward snapshots it; only a
@@ -118,6 +124,7 @@ VERIFIED: tuple[Release, ...] = (
         external_objects_setter=None,
         aggregates_runtime_wrapper_trace=False,
         has_input_grad_buffers=False,
+        backward_compile_defers_gc=False,
     ),
     Release(
         series=(2, 14),
@@ -133,6 +140,7 @@ VERIFIED: tuple[Release, ...] = (
         external_objects_setter=None,
         aggregates_runtime_wrapper_trace=False,
         has_input_grad_buffers=False,
+        backward_compile_defers_gc=False,
     ),
 )
 
