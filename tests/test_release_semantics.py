@@ -719,6 +719,102 @@ def test_lazy_backward_compile_defers_gc():
 
 
 # ---------------------------------------------------------------------------
+# 8. 2.15's metadata and first-call changes, which reach the C path through
+#    what upstream builds (no field): the C path must keep agreeing
+
+
+def f_noop_view_of_output(x):
+    a = x + 1
+    return a, a.view(a.shape)
+
+
+@pytest.mark.parametrize("mode", ["plain", "no_grad", "train"])
+def test_noop_view_of_another_output(mode):
+    """2.15 classifies a no-op view of another user output as
+    ``alias_of_intermediate_base_is_user_output`` (regenerated per call; 2.14:
+    ``non_alias``) when it does not require grad: the C epilogue regenerates
+    it as upstream's does."""
+    from _cases import ctx_for, inputs_for
+
+    D.run_differential(
+        f_noop_view_of_output, inputs_for([(3, 4)], mode), ctx=ctx_for(mode),
+        compile="aot_eager", calls=2,
+    )
+
+
+def f_mutates_input_requiring_grad(x, w):
+    x.mul_(2)
+    return ((x * w).sin(),)
+
+
+def test_epilogue_mutated_input_with_min_cut():
+    """2.15 marks forward inputs that require grad and whose data mutation the
+    runtime epilogue replays, and the min-cut partitioner never saves them:
+    other saved tensors, other saved_tensor_is_graph_input."""
+    from functorch.compile import min_cut_rematerialization_partition
+
+    def inputs():
+        x, base = T.nonleaf(3, 4)
+        w = leaf(3, 4)
+        return D.Inputs((x, w), (base, w))
+
+    T.differential(
+        f_mutates_input_requiring_grad, inputs, bw_compiler_factory=T.RecordingBackward,
+        compile_kwargs={"partition_fn": min_cut_rematerialization_partition},
+    )
+
+
+class PlainSubclass(torch.Tensor):
+    """A tensor subclass without its own __torch_dispatch__."""
+
+
+def test_first_call_custom_op_check_sees_plain_subclasses():
+    """2.15's first-call custom-op aliasing check analyses tensor subclasses
+    without their own __torch_dispatch__; 2.13/2.14 returned NotImplemented for
+    them (runtime_wrappers.HANDLED_TYPES), so the first call raises there. The
+    C wrapper enters upstream's _FirstInvocationContext: the same either way."""
+    import torch._functorch._aot_autograd.runtime_wrappers as rw
+
+    @torch.library.custom_op("torch_aot_rt_test::scale2", mutates_args=())
+    def scale2(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @scale2.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    def f(x):
+        return (scale2(x) + 1,)
+
+    import re
+
+    import torch_aot_rt
+
+    results = {}
+    for use_c in (False, True):
+        _seeded()
+        before = torch_aot_rt.stats()["runtime_wrappers"]
+        with D.runtime(use_c):
+            cf = torch.compile(f, backend="aot_eager")
+            rec = []
+            for _ in range(2):
+                x = torch.randn(3).as_subclass(PlainSubclass)
+                try:
+                    (out,) = cf(x)
+                    rec.append((type(out).__name__, D.TensorValue(out)))
+                except Exception as e:  # noqa: BLE001 - the exception is the observation
+                    # (the message names the mode object by address)
+                    rec.append((type(e).__name__, re.sub(r"0x[0-9a-f]+", "0x?", str(e))))
+        built = torch_aot_rt.stats()["runtime_wrappers"] - before
+        results[use_c] = rec
+        if D.C_ENABLED:
+            assert built == (1 if use_c else 0), built
+    D.assert_same(results[False], results[True])
+    first = results[False][0][0]
+    assert first == ("TypeError" if hasattr(rw, "HANDLED_TYPES") else "PlainSubclass"), results[False]
+
+
+# ---------------------------------------------------------------------------
 # reference counts of the release-dependent paths, over many calls
 
 
