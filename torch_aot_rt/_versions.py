@@ -142,6 +142,22 @@ VERIFIED: tuple[Release, ...] = (
         has_input_grad_buffers=False,
         backward_compile_defers_gc=False,
     ),
+    Release(
+        series=(2, 15),
+        keeps_saved_graph_inputs=True,
+        snapshots_external_objects=True,
+        copies_backward_context=True,
+        opaque_type_check="is_custom_class",
+        opaque_base="CustomClassBase",
+        function_apply_is_base=True,
+        source_capture_sink="torch._functorch._aot_autograd.codegen:_current_capture_sink",
+        disable_skips_none_callback=True,
+        external_objects_registry="list",
+        external_objects_setter="set_external_object_by_index",
+        aggregates_runtime_wrapper_trace=True,
+        has_input_grad_buffers=True,
+        backward_compile_defers_gc=True,
+    ),
 )
 
 UNVERIFIED_ENV = "TORCH_AOT_RT_UNVERIFIED"
