@@ -44,6 +44,7 @@ typedef struct {
     bool inputs_require_grad;
     bool has_no_vc_check;
     bool restore_external_objects; /* 2.14: ctx._external_objects -> registry */
+    bool restore_by_setter;        /* 2.15: through set_external_object_by_index */
     bool copy_context;             /* 2.14: impl_fn runs in context.copy() */
     Py_ssize_t expected_grad_outs;
     Py_ssize_t num_backward_tokens;
@@ -219,9 +220,13 @@ fail:
 
 /* _backward_impl (2.14), just before the compiled backward runs:
  *     for idx, obj in getattr(ctx, "_external_objects", {}).items():
- *         index_to_external_object_weakref[idx] = weakref.ref(obj) */
+ *         index_to_external_object_weakref[idx] = weakref.ref(obj)
+ * 2.15 (by_setter): the loop body is set_external_object_by_index(idx, obj),
+ * the runtime_wrappers global: graph_bytecode_inputs' function, which keeps
+ * a strong reference (keep_alive) and writes that module's current list
+ * (AssertionError for an index past its end), whatever it raises passed on. */
 static int
-restore_external_objects(rt_state *st, PyObject *ctx)
+restore_external_objects(rt_state *st, PyObject *ctx, bool by_setter)
 {
     PyObject *saved = rt_ctx_get(st, ctx, RT_CTX_EXTERNAL_OBJECTS);
     if (saved == NULL) {
@@ -264,10 +269,21 @@ restore_external_objects(rt_state *st, PyObject *ctx)
             rc = -1;
             break;
         }
-        PyObject *ref = PyObject_CallOneArg(st->weakref_ref, PySequence_Fast_GET_ITEM(pair, 1));
-        rc = ref ? PyObject_SetItem(st->external_objects, PySequence_Fast_GET_ITEM(pair, 0), ref)
-                 : -1;
-        Py_XDECREF(ref);
+        if (by_setter) {
+            /* the pair (held) keeps idx and obj alive through the call */
+            PyObject *r = PyObject_Vectorcall(st->set_external_object,
+                                              PySequence_Fast_ITEMS(pair), 2, NULL);
+            rc = r != NULL ? 0 : -1;
+            Py_XDECREF(r);
+        }
+        else {
+            PyObject *ref = PyObject_CallOneArg(st->weakref_ref,
+                                                PySequence_Fast_GET_ITEM(pair, 1));
+            rc = ref ? PyObject_SetItem(st->external_objects,
+                                        PySequence_Fast_GET_ITEM(pair, 0), ref)
+                     : -1;
+            Py_XDECREF(ref);
+        }
         Py_DECREF(pair);
     }
     Py_DECREF(it);
@@ -365,7 +381,8 @@ backward_impl(CompiledBackward *self, PyObject *ctx, PyObject *all_args)
             return NULL;
         }
     }
-    if (self->restore_external_objects && restore_external_objects(st, ctx) < 0) {
+    if (self->restore_external_objects &&
+        restore_external_objects(st, ctx, self->restore_by_setter) < 0) {
         return NULL;
     }
     PyObject *compiled_bw = Py_NewRef(self->compiled_bw);
@@ -632,7 +649,7 @@ CompiledBackward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     int err = 0;
     PyObject *v;
-    bool b[8];
+    bool b[9];
     if ((self->upstream = rt_callable_or_null(kwargs, "upstream", &err)) == NULL) {
         if (!err) {
             PyErr_SetString(PyExc_ValueError, "plan: upstream must be callable");
@@ -667,6 +684,7 @@ CompiledBackward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         rt_plan_bool(kwargs, "has_no_vc_check", &b[5]) < 0 ||
         rt_plan_bool(kwargs, "restore_external_objects", &b[6]) < 0 ||
         rt_plan_bool(kwargs, "copy_context", &b[7]) < 0 ||
+        rt_plan_bool(kwargs, "restore_by_setter", &b[8]) < 0 ||
         (v = rt_plan_required(kwargs, "expected_grad_outs")) == NULL ||
         rt_index_or_none(v, "expected_grad_outs", &self->expected_grad_outs) < 0 ||
         (v = rt_plan_required(kwargs, "num_backward_tokens")) == NULL ||
@@ -682,9 +700,19 @@ CompiledBackward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->has_no_vc_check = b[5];
     self->restore_external_objects = b[6];
     self->copy_context = b[7];
+    self->restore_by_setter = b[8];
     if (self->restore_external_objects && self->st->external_objects == NULL) {
         PyErr_SetString(PyExc_ValueError,
                         "plan: restore_external_objects on a torch bound without the registry");
+        goto fail;
+    }
+    if (self->restore_external_objects &&
+        self->restore_by_setter != (self->st->set_external_object != NULL)) {
+        PyErr_SetString(PyExc_ValueError,
+                        self->restore_by_setter
+                            ? "plan: restore_by_setter on a torch bound without the setter"
+                            : "plan: restore_by_setter is False, the torch was bound with "
+                              "the setter");
         goto fail;
     }
     if (self->expected_grad_outs < 0 || self->num_backward_tokens < 0) {

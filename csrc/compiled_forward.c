@@ -21,6 +21,7 @@ typedef struct {
     bool *saved_is_graph_input;
     Py_ssize_t n_saved_is_graph_input;
     bool snapshot_external_objects;
+    bool external_objects_list;   /* the registry is a list (2.15), not a dict */
     Py_ssize_t n_dynamic;
     Py_ssize_t *dynamic_idx;
     PyObject **dynamic_dims;
@@ -236,18 +237,56 @@ rewrite_returns(rt_state *st, PyObject *raw, const index_array *where, int unsaf
     return 0;
 }
 
+/* _snapshot_external_objects(ctx), 2.15: the registry is the list
+ * runtime_wrappers imported (stale once Dynamo rebinds its own global):
+ *     ctx._external_objects = {k: ref() for k, ref in
+ *                              enumerate(index_to_external_object_weakref)
+ *                              if ref() is not None}
+ * A list iterator re-reads the length at each step and never raises for a
+ * change of size; ref() is called twice for a live entry, once for a dead
+ * one. Fills `snapshot`: 0, or -1 with an exception set. */
+static int
+snapshot_list(PyObject *registry, PyObject *snapshot)
+{
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(registry); i++) {
+        PyObject *ref = Py_NewRef(PyList_GET_ITEM(registry, i));
+        PyObject *obj = PyObject_CallNoArgs(ref);
+        int ok = obj != NULL;
+        if (obj != NULL && obj != Py_None) {
+            Py_SETREF(obj, PyObject_CallNoArgs(ref));
+            PyObject *key = obj != NULL ? PyLong_FromSsize_t(i) : NULL;
+            ok = key != NULL && PyDict_SetItem(snapshot, key, obj) == 0;
+            Py_XDECREF(key);
+        }
+        Py_XDECREF(obj);
+        Py_DECREF(ref);
+        if (!ok) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* _snapshot_external_objects(ctx) (2.14):
  *     ctx._external_objects = {k: ref() for k, ref in
  *                              index_to_external_object_weakref.items()
  *                              if ref() is not None}
- * ref() is called twice, as there; the registry is usually empty. */
+ * ref() is called twice, as there; the registry is usually empty. 2.15
+ * (is_list): the same over enumerate(registry), snapshot_list. */
 static int
-snapshot_external_objects(rt_state *st, PyObject *ctx)
+snapshot_external_objects(rt_state *st, PyObject *ctx, bool is_list)
 {
     PyObject *registry = st->external_objects;
     PyObject *snapshot = PyDict_New();
     if (snapshot == NULL) {
         return -1;
+    }
+    if (is_list) {
+        if (snapshot_list(registry, snapshot) < 0) {
+            Py_DECREF(snapshot);
+            return -1;
+        }
+        return rt_ctx_set_steal(st, ctx, RT_CTX_EXTERNAL_OBJECTS, snapshot);
     }
     Py_ssize_t pos = 0, size = PyDict_GET_SIZE(registry);
     PyObject *key, *ref;
@@ -363,7 +402,8 @@ finalize_forward(CompiledForward *self, PyObject *ctx, PyObject *fw_outs)
     /* ctx.mark_non_differentiable(*non_diff) is `ctx.non_differentiable = args` */
     if (rt_ctx_set_steal(st, ctx, RT_CTX_NON_DIFFERENTIABLE, non_diff) < 0 ||
         rt_ctx_set(st, ctx, RT_CTX_MATERIALIZE_NON_DIFF_GRADS, Py_False) < 0 ||
-        (self->snapshot_external_objects && snapshot_external_objects(st, ctx) < 0)) {
+        (self->snapshot_external_objects &&
+         snapshot_external_objects(st, ctx, self->external_objects_list) < 0)) {
         goto fail;
     }
     PyObject *result = PyList_AsTuple(raw);
@@ -519,8 +559,9 @@ CompiledForward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         }
         self->debug_outputs_aliased = aliased;
     }
-    bool snapshot;
-    if (rt_plan_bool(kwargs, "snapshot_external_objects", &snapshot) < 0) {
+    bool snapshot, is_list;
+    if (rt_plan_bool(kwargs, "snapshot_external_objects", &snapshot) < 0 ||
+        rt_plan_bool(kwargs, "external_objects_list", &is_list) < 0) {
         goto fail;
     }
     if (snapshot && self->st->external_objects == NULL) {
@@ -528,7 +569,15 @@ CompiledForward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
                         "plan: snapshot_external_objects on a torch bound without the registry");
         goto fail;
     }
+    if (snapshot && is_list != self->st->external_objects_is_list) {
+        PyErr_Format(PyExc_ValueError,
+                     "plan: external_objects_list is %s, the registry bound is a %s",
+                     is_list ? "True" : "False",
+                     self->st->external_objects_is_list ? "list" : "dict");
+        goto fail;
+    }
     self->snapshot_external_objects = snapshot;
+    self->external_objects_list = is_list;
     if (rt_plan_bool_mask(kwargs, "saved_is_graph_input", &self->n_saved_is_graph_input,
                           &self->saved_is_graph_input) < 0) {
         goto fail;

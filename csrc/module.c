@@ -14,13 +14,16 @@
 static PyObject *
 bind_torch(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"opaque_type_check", "opaque_base", "external_objects", "cpp",
-                               NULL};
-    rt_release_names names = {NULL, NULL, NULL};
+    static char *keywords[] = {"opaque_type_check", "opaque_base", "external_objects",
+                               "external_objects_type", "external_objects_setter",
+                               "input_grad_buffers", "cpp", NULL};
+    rt_release_names names = {NULL, NULL, NULL, NULL, NULL, 0};
     PyObject *cpp = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$sszO:_bind_torch", keywords,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$sszzzpO:_bind_torch", keywords,
                                      &names.opaque_type_check, &names.opaque_base,
-                                     &names.external_objects, &cpp)) {
+                                     &names.external_objects, &names.external_objects_type,
+                                     &names.external_objects_setter,
+                                     &names.input_grad_buffers, &cpp)) {
         return NULL;
     }
     if (rt_torch_bind(PyModule_GetState(module), &names, cpp) < 0) {
@@ -79,10 +82,14 @@ static PyMethodDef module_methods[] = {
      PyDoc_STR("_disable_stats(reset=False)\nCompiled backwards given the C disable wrapper "
                "(or why not), and its calls by path; reset zeroes the counts.")},
     {"_bind_torch", (PyCFunction)(void (*)(void))bind_torch, METH_VARARGS | METH_KEYWORDS,
-     PyDoc_STR("_bind_torch(*, opaque_type_check, opaque_base, external_objects, cpp)\n"
+     PyDoc_STR("_bind_torch(*, opaque_type_check, opaque_base, external_objects, "
+               "external_objects_type, external_objects_setter, input_grad_buffers, cpp)\n"
                "Look up the torch callables the C runtime uses (once per process), "
-               "with the names the installed release gives what changed; cpp is the "
-               "C++ part's rt_cpp_api capsule, or None for the C core alone.")},
+               "with the names the installed release gives what changed (external_objects "
+               "an exact 'dict' or 'list'; the setter None where the backward stores "
+               "weak references itself); cpp is the C++ part's rt_cpp_api capsule, or "
+               "None for the C core alone, built with ctx.input_grad_buffers exactly when "
+               "input_grad_buffers says the release has it.")},
     {NULL, NULL, 0, NULL},
 };
 

@@ -187,13 +187,30 @@ bind_autograd(rt_state *st, const rt_release_names *names)
     BIND(top_saved_hooks, "torch._C._autograd", "_top_saved_tensors_default_hooks");
     BIND(GraphModule, "torch.fx", "GraphModule");
     Py_CLEAR(st->external_objects);
+    Py_CLEAR(st->set_external_object);
+    st->external_objects_is_list = false;
     if (names->external_objects != NULL) {
+        /* The object runtime_wrappers imported, bound once: runtime_wrappers
+         * never rebinds it (in 2.15 Dynamo rebinds only its own module's). */
+        const char *type = names->external_objects_type;
+        bool is_list = type != NULL && strcmp(type, "list") == 0;
+        if (!is_list && (type == NULL || strcmp(type, "dict") != 0)) {
+            PyErr_SetString(PyExc_ValueError,
+                            "_bind_torch: external_objects_type must be 'dict' or 'list'");
+            return -1;
+        }
         BIND(external_objects, RW, names->external_objects);
-        if (!PyDict_CheckExact(st->external_objects)) {
-            PyErr_Format(PyExc_TypeError, "%s.%s is not a dict", RW, names->external_objects);
+        if (is_list ? !PyList_CheckExact(st->external_objects)
+                    : !PyDict_CheckExact(st->external_objects)) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a %s", RW, names->external_objects,
+                         type);
             Py_CLEAR(st->external_objects);
             return -1;
         }
+        st->external_objects_is_list = is_list;
+    }
+    if (names->external_objects_setter != NULL) {
+        BIND(set_external_object, RW, names->external_objects_setter);
     }
     return 0;
 }
@@ -212,9 +229,11 @@ direct_setter(PyObject *fn, PyCFunctionWithKeywords *c, PyObject **self)
     }
 }
 
-/* The C++ part's table, checked: a capsule of our name and API version. */
+/* The C++ part's table, checked: a capsule of our name and API version,
+ * built for a torch whose ctx has input_grad_buffers exactly when the
+ * release says so (its node's grad_fn answers it then). */
 static int
-bind_cpp(rt_state *st, PyObject *capsule)
+bind_cpp(rt_state *st, PyObject *capsule, int input_grad_buffers)
 {
     Py_CLEAR(st->cpp_capsule);
     st->cpp = st->cpp_loaded = NULL;
@@ -228,6 +247,13 @@ bind_cpp(rt_state *st, PyObject *capsule)
     if (api->api_version != RT_CPP_API_VERSION) {
         PyErr_Format(PyExc_ValueError, "C++ part has API version %d, the C core %d",
                      api->api_version, RT_CPP_API_VERSION);
+        return -1;
+    }
+    if (!api->node_input_grad_buffers != !input_grad_buffers) {
+        PyErr_Format(PyExc_ValueError,
+                     "C++ part built %s ctx.input_grad_buffers, for a release %s it",
+                     api->node_input_grad_buffers ? "with" : "without",
+                     input_grad_buffers ? "with" : "without");
         return -1;
     }
     st->cpp_capsule = Py_NewRef(capsule);
@@ -304,7 +330,7 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
     BIND(saved_hooks_disable, "torch._C._autograd", "_saved_tensors_hooks_disable");
     BIND(saved_hooks_enable, "torch._C._autograd", "_saved_tensors_hooks_enable");
     if (bind_autograd(st, names) < 0 ||
-        bind_cpp(st, cpp_capsule) < 0) { /* last: the table is in use only once bound */
+        bind_cpp(st, cpp_capsule, names->input_grad_buffers) < 0) { /* last: the table is in use only once bound */
         return -1;
     }
     st->bound = 1;
@@ -332,7 +358,7 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
     X(get_obj_in_tls) X(keep_graph) X(BackwardState) X(SymInt) X(SymFloat) \
     X(unsafe_view) X(partial) X(functorch_config)                         \
     X(process_runtime_tangent) X(coerce_memory_format)                    \
-    X(call_func_at_runtime) X(is_opaque_type) X(OpaqueBase) X(external_objects) X(weakref_ref) \
+    X(call_func_at_runtime) X(is_opaque_type) X(OpaqueBase) X(external_objects) X(set_external_object) X(weakref_ref) \
     X(compiled_autograd) X(str_compiled_autograd_enabled) \
     X(SavedHooksGuardType) X(SerializableCallType) X(ParamsPrependType) X(DisabledCallType) X(top_saved_hooks) X(GraphModule) \
     X(str_external_objects) X(str_copy) X(str_debug_assert) X(str_compiled_fn) X(str_to_save) \

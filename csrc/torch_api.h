@@ -124,9 +124,16 @@ typedef struct rt_state {
     PyObject *is_opaque_type;
     PyObject *OpaqueBase;
     /* Dynamo's external-object registry (graph_bytecode_inputs
-     * .index_to_external_object_weakref, as runtime_wrappers imports it);
-     * NULL on releases that do not snapshot it. */
+     * .index_to_external_object_weakref, as runtime_wrappers imports it: in
+     * 2.15, a list Dynamo no longer rebinds there once its module global is
+     * replaced, which is what upstream's snapshot reads); NULL on releases
+     * that do not snapshot it. An exact dict (2.14) or list (2.15). */
     PyObject *external_objects;
+    bool external_objects_is_list;
+    /* The runtime_wrappers global the backward restores the snapshot with
+     * (set_external_object_by_index, 2.15), or NULL: weakref.ref stored in
+     * the registry above (2.14). */
+    PyObject *set_external_object;
     PyObject *weakref_ref;                /* weakref.ref */
     /* The C++ node (torch_cpp_api.h node_apply): compiled autograd's module,
      * read per call for compiled_autograd_enabled, and per-call counts of
@@ -186,6 +193,9 @@ typedef struct {
     const char *opaque_type_check;        /* runtime_wrappers global */
     const char *opaque_base;              /* runtime_wrappers global */
     const char *external_objects;         /* runtime_wrappers global, or NULL */
+    const char *external_objects_type;    /* its type: "dict" or "list" */
+    const char *external_objects_setter;  /* runtime_wrappers global, or NULL */
+    int input_grad_buffers;               /* the ctx has input_grad_buffers */
 } rt_release_names;
 
 /* torch look-ups: once, after torch imports */

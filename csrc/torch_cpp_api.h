@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define RT_CPP_API_VERSION 3
+#define RT_CPP_API_VERSION 4
 #define RT_CPP_CAPSULE_NAME "torch_aot_rt._torch_cpp.api"
 
 typedef struct rt_cpp_api {
@@ -89,6 +89,11 @@ typedef struct rt_cpp_api {
      * strides of ndim plain ints */
     int (*tensor_size_stride_equal)(PyObject *x, Py_ssize_t ndim, const int64_t *sizes,
                                     const int64_t *strides);
+
+    /* 1 when the node's grad_fn has _input_grad_buffers / input_grad_buffers
+     * (built against torch headers with get_current_input_grad_buffers,
+     * 2.15 on), else 0: _bind_torch checks it against the release entry. */
+    int node_input_grad_buffers;
 } rt_cpp_api;
 
 /* The ctx attributes CompiledForward writes and CompiledBackward reads. */

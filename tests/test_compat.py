@@ -125,7 +125,7 @@ def test_release_entry_contradicted_falls_back():
     assert "is not the verified" in stats["torch"]["inactive"], stats["torch"]
 
 
-UNVERIFIED = ["2.12.0", "2.15.0", "2.14.0a0+git1234567", "3.0.0", "not-a-version"]
+UNVERIFIED = ["2.12.0", "2.16.0", "2.15.0a0+git1234567", "3.0.0", "not-a-version"]
 
 
 @pytest.mark.parametrize("version", UNVERIFIED)
@@ -145,7 +145,8 @@ def test_unverified_version_falls_back(version):
 # the results are exact): the nearest entry not newer, or the oldest.
 OPT_IN = {
     (2, 13): ["2.13.0a0+git1234567", "2.12.0"],
-    (2, 14): ["2.15.0", "2.14.0a0+git1234567"],
+    (2, 14): ["2.14.0a0+git1234567", "2.14.2rc1"],
+    (2, 15): ["2.16.0", "2.15.0a0+git1234567"],
 }
 
 
@@ -194,9 +195,9 @@ def test_resolve_table():
     from torch_aot_rt import _versions
 
     names = [r.name for r in _versions.VERIFIED]
-    assert names == ["2.13", "2.14"]
+    assert names == ["2.13", "2.14", "2.15"]
     for v, want in [("2.13.0", "2.13"), ("2.13.5+cpu", "2.13"), ("2.14.1+cu130", "2.14"),
-                    ("2.14.0", "2.14")]:
+                    ("2.14.0", "2.14"), ("2.15.0", "2.15"), ("2.15.0+cu132", "2.15")]:
         gate = _versions.resolve(v)
         assert gate.verified and gate.release.name == want and gate.reason is None
     for v in UNVERIFIED + ["2.13", "2.13.0rc1", "2.14.1.post1"]:

@@ -338,3 +338,179 @@ def test_saved_tensors_die_when_upstreams_do():
         r = {use_c: run(use_c, retain) for use_c in (False, True)}
         assert r[False][0] > 0
         D.assert_same(r[False], r[True], f"lifetimes (retain_graph={retain})")
+
+
+# ---------------------------------------------------------------------------
+# ctx.input_grad_buffers (2.15): the engine's buffers of the forward's inputs
+
+
+def _release():
+    from torch_aot_rt import _versions
+
+    return _versions.resolve(torch.__version__).release
+
+
+def _buffers_record(gf):
+    """``gf.input_grad_buffers`` as values (or its error), and whether
+    ``_input_grad_buffers`` reads the same."""
+    try:
+        bufs = gf.input_grad_buffers
+    except Exception as e:  # noqa: BLE001 - the exception is the observation
+        return D.error_record(e)
+    again = gf._input_grad_buffers
+    return {
+        "values": [None if t is None else D.TensorValue(t.clone()) for t in bufs],
+        "same": [x is y or (x is not None and y is not None and x.data_ptr() == y.data_ptr())
+                 for x, y in zip(bufs, again)],
+    }
+
+
+def _observing(observe):
+    """A boxed bw_compiler whose compiled backward calls ``observe()`` first."""
+
+    def bw_compiler(gm, example_inputs):
+        def run(args):
+            observe()
+            return gm(*args)
+
+        run._boxed_call = True
+        return run
+
+    return bw_compiler
+
+
+def test_input_grad_buffers_present_per_release():
+    rel = _release()
+    if rel is None:
+        pytest.skip(f"torch {torch.__version__} is not a verified release")
+
+    def run(use_c):
+        g = compile_fn(f_two, use_c)
+        out = g(leaf(3, 4), leaf(3, 4))
+        T.check_classes(out, use_c, expect=1)
+        # on the type: reading it outside a backward raises RuntimeError
+        names = set().union(*(vars(k) for k in type(out[0].grad_fn).__mro__))
+        return ["input_grad_buffers" in names, "_input_grad_buffers" in names]
+
+    r = both(run)
+    D.assert_same(r[False], r[True], "hasattr")
+    assert r[False] == [rel.has_input_grad_buffers] * 2, r[False]
+
+
+@pytest.mark.skipif(
+    not hasattr(torch._C._FunctionBase, "_input_grad_buffers"),
+    reason="ctx.input_grad_buffers is new in 2.15",
+)
+def test_input_grad_buffers():
+    """Read from the node's grad_fn while its compiled backward runs: one entry
+    per forward argument, the engine's current buffer (here the contribution
+    of an op that ran first) or None; a buffer accumulated into in place
+    reaches .grad. And every refusal upstream's getter makes, with its
+    message: outside backward, another node's, a post-hook on the node,
+    create_graph, anomaly mode."""
+
+    def run(use_c, case):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        holder = {"seen": []}
+
+        def observe():
+            gf = holder["other"] if case == "other_node" else holder["gf"]
+            rec = _buffers_record(gf)
+            holder["seen"].append(rec)
+            if case == "accumulate" and "values" in rec:
+                buf = gf.input_grad_buffers[0]
+                if buf is not None:
+                    buf.add_(100.0)
+
+        with T.c_runtime(use_c, min_functions=2 if case == "other_node" else 1):
+            g = aot_function(lambda a, b: (a * b,), fw_compiler=nop,
+                             bw_compiler=_observing(observe))
+            a, b = leaf(3), leaf(3)
+            (out,) = g(a, b)
+            if case == "other_node":
+                g2 = aot_function(lambda a: (a.cos(),), fw_compiler=nop, bw_compiler=nop)
+                (out2,) = g2(leaf(3))
+                holder["other"] = out2.grad_fn
+        T.check_classes([out], use_c, expect=1)
+        holder["gf"] = gf = out.grad_fn
+        if case == "post_hook":
+            gf.register_hook(lambda gis, gos: None)
+        loss = out.sum() + (a * 3).sum()  # (a * 3) runs first: a's buffer exists
+        if case == "create_graph":
+            err = T._safe(lambda: loss.backward(create_graph=True))
+        elif case == "anomaly":
+            with torch.autograd.detect_anomaly(check_nan=False):
+                err = T._safe(loss.backward)
+        else:
+            err = T._safe(loss.backward)
+        outside = _buffers_record(gf)
+        grads = [None if t.grad is None else D.TensorValue(t.grad) for t in (a, b)]
+        return holder["seen"], err, outside, grads
+
+    cases = ["plain", "accumulate", "post_hook", "other_node", "create_graph", "anomaly"]
+    for case in cases:
+        r = {use_c: run(use_c, case) for use_c in (False, True)}
+        D.assert_same(r[False], r[True], f"input_grad_buffers ({case})")
+        seen, err, outside, grads = r[False]
+        # the post-hook check comes first, in backward or not
+        expect_outside = (
+            "does not support post-hooks" if case == "post_hook"
+            else "while autograd is executing backward"
+        )
+        assert outside["type"] == "RuntimeError" and expect_outside in outside["message"], (
+            case, outside
+        )
+        (inside,) = seen
+        if case in ("plain", "accumulate"):
+            assert err is None, err
+            assert inside["values"][1] is None and inside["values"][0] is not None, inside
+        else:
+            expect = {
+                "post_hook": "does not support post-hooks on the producing autograd node",
+                "other_node": "from the currently executing autograd.Function backward()",
+                "create_graph": "does not support create_graph=True",
+                "anomaly": "does not support anomaly detection",
+            }[case]
+            assert inside["type"] == "RuntimeError" and expect in inside["message"], (case, inside)
+    # accumulated in place: the 100 reached a.grad
+    plain, acc = run(False, "plain")[3], run(False, "accumulate")[3]
+    assert torch.equal(acc[0].t - plain[0].t, torch.full((3,), 100.0)), (plain, acc)
+
+
+@pytest.mark.skipif(
+    not hasattr(torch._C._FunctionBase, "_input_grad_buffers"),
+    reason="ctx.input_grad_buffers is new in 2.15",
+)
+def test_input_grad_buffers_non_tensor_arguments():
+    """A CompiledFunction with SymInt arguments (dynamic shapes): None for
+    each argument that is not a tensor, at its position."""
+
+    def fn(x, w):
+        return (x * w).sin().sum(0)
+
+    def run(use_c):
+        torch._dynamo.reset()
+        holder = {"seen": []}
+        observe = lambda: holder["seen"].append(_buffers_record(holder["gf"]))  # noqa: E731
+        backend = aot_autograd_backend(bw_compiler=_observing(observe))
+        x, w = leaf(5, 3), leaf(5, 3)
+        with T.c_runtime(use_c):
+            out = torch.compile(fn, backend=backend, dynamic=True)(x, w)
+        T.check_classes([out], use_c, expect=1)
+        (node,) = T.compiled_function_nodes([out])
+        holder["gf"] = node
+        (out.sum() + (x * 2).sum()).backward()
+        return holder["seen"], [D.TensorValue(x.grad), D.TensorValue(w.grad)]
+
+    r = both(run)
+    D.assert_same(r[False], r[True], "input_grad_buffers with SymInts")
+    ((inside,), _) = r[False]
+    values = inside["values"]
+    assert None in values and any(v is not None for v in values), inside
+
+
+def aot_autograd_backend(**kwargs):
+    from torch._dynamo.backends.common import aot_autograd
+
+    return aot_autograd(fw_compiler=nop, **kwargs)

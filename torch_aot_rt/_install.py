@@ -89,6 +89,40 @@ def _check_release(rw, rel) -> None:
             f"ViewAndMutationMeta.saved_tensor_is_graph_input differs from torch {rel.name}"
         )
     rw._FirstInvocationContext  # noqa: B018 (on every verified release)
+    registry = rw.__dict__.get("index_to_external_object_weakref")
+    kind = None if registry is None else type(registry).__name__
+    if kind != rel.external_objects_registry:
+        raise RuntimeError(
+            f"runtime_wrappers.index_to_external_object_weakref is {kind}, "
+            f"unlike torch {rel.name}'s {rel.external_objects_registry}"
+        )
+    if rel.external_objects_setter is not None:
+        getattr(rw, rel.external_objects_setter)  # AttributeError: not this release
+    try:  # 2.14 on
+        from torch._functorch._aot_autograd import codegen
+    except ImportError:
+        codegen = None
+    aggregates = hasattr(codegen, "aggregate_runtime_wrapper_sources")
+    if aggregates != rel.aggregates_runtime_wrapper_trace:
+        raise RuntimeError(
+            f"codegen.aggregate_runtime_wrapper_sources is{'' if aggregates else ' not'} "
+            f"there, unlike torch {rel.name}"
+        )
+    if aggregates:  # what _trace.log_plan calls
+        codegen._current_trace_sink  # noqa: B018
+        codegen._trace_runtime_wrapper_sources  # noqa: B018
+    buffers = hasattr(torch._C._FunctionBase, "_input_grad_buffers")
+    if buffers != rel.has_input_grad_buffers:
+        raise RuntimeError(
+            f"_FunctionBase._input_grad_buffers is{'' if buffers else ' not'} there, "
+            f"unlike torch {rel.name}"
+        )
+    defers = "deferred_full_gc" in rw._AutogradBackwardCompiler.get_or_compile.__code__.co_names
+    if defers != rel.backward_compile_defers_gc:
+        raise RuntimeError(
+            f"the lazy backward compile does{'' if defers else ' not'} defer full GCs, "
+            f"unlike torch {rel.name}"
+        )
     # the core pair is replaced together or not at all
     autograd = rw.__dict__["AOTDispatchAutograd"]
     for what, fn, shape in (
@@ -148,6 +182,9 @@ def _bind(rw, rel) -> None:
             if rel.snapshots_external_objects
             else None
         ),
+        external_objects_type=rel.external_objects_registry,
+        external_objects_setter=rel.external_objects_setter,
+        input_grad_buffers=rel.has_input_grad_buffers,
         cpp=capsule,
     )
     _state.installed["cpp"] = (cpp_module, cpp_reason)

@@ -1,17 +1,31 @@
 """Structured-trace artifacts (``TORCH_TRACE``, tlparse) for the C runtime wrapper.
 
-Upstream's ``_create_runtime_wrapper`` logs the Python source it generates as
-``trace_structured("artifact")`` entries (both verified releases alike):
+Upstream's ``_create_runtime_wrapper`` generates Python source named
 ``output_alias_wrapper`` when the graph has aliased outputs, ``mutation_epilogue``
-when it has mutated runtime inputs, then ``runtime_wrapper_orchestration``. The C wrapper generates no
-source, so it logs, under the same names, a description of its plan: what the C
-wrapper does for that graph on each call. ``trace_structured`` calls the
-payload function only when structured tracing is on: otherwise nothing here is
-built or logged.
+when it has mutated runtime inputs, then ``runtime_wrapper_orchestration``. The C
+wrapper generates no source, so where upstream logs those it logs, under the same
+names, a description of its plan: what the C wrapper does for that graph on
+each call. How upstream logs them is the release's
+(``Release.aggregates_runtime_wrapper_trace``):
+
+- 2.13, 2.14: each source is its own ``trace_structured("artifact")`` entry,
+  named after it;
+- 2.15: codegen appends ``(name, source)`` to the thread's trace sink
+  (``codegen._current_trace_sink()``, set by ``aggregate_runtime_wrapper_sources``
+  around a compile or a cache hit), which logs ONE artifact,
+  ``aot_autograd_runtime_wrappers``, of ``# <name>\n<source>`` blocks in codegen
+  order when the scope ends; outside a scope, each source is such an artifact
+  alone (``codegen._trace_runtime_wrapper_sources``). Our descriptions go to the
+  same sink, or through the same function, in upstream's place.
+
+Either way the text is built only when the artifact is logged with structured
+tracing on (a 2.15 sink holds a :class:`PlanText`, formatted then): otherwise
+nothing here is built.
 """
 
 from __future__ import annotations
 
+from . import _state
 from ._kinds import (
     MUT_AS_STRIDED_FIRST,
     MUT_DATA,
@@ -128,7 +142,42 @@ def artifacts(plan) -> list[str]:
     return names
 
 
+class PlanText:
+    """``describe(plan, name)``, built when formatted: what a 2.15 trace sink
+    holds for our plan, where upstream's holds its source (the sink's entries
+    are formatted as ``f"# {name}\n{source}"`` when the artifact is logged)."""
+
+    __slots__ = ("plan", "name")
+
+    def __init__(self, plan, name: str) -> None:
+        self.plan = plan
+        self.name = name
+
+    def __str__(self) -> str:
+        return describe(self.plan, self.name)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+def _aggregates() -> bool:
+    rel = _state.release()
+    return rel is not None and rel.aggregates_runtime_wrapper_trace
+
+
 def log_plan(plan) -> None:
+    if _aggregates():
+        from torch._functorch._aot_autograd import codegen
+
+        for name in artifacts(plan):  # as _compile_and_exec_source, per source
+            entry = (name, PlanText(plan, name))
+            sink = codegen._current_trace_sink()
+            if sink is not None:
+                sink.append(entry)
+            else:
+                codegen._trace_runtime_wrapper_sources((entry,))
+        return
+
     import torch._logging
 
     for name in artifacts(plan):

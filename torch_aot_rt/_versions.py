@@ -58,6 +58,51 @@ class Release:
     # callback (or the prior one) is not None, and the name only when
     # exporting.
     disable_skips_none_callback: bool
+    # Dynamo's external-object registry as runtime_wrappers imported it
+    # (graph_bytecode_inputs.index_to_external_object_weakref): None where
+    # runtime_wrappers has none (2.13), "dict" (2.14: the forward snapshots
+    # `.items()`), "list" (2.15: it snapshots `enumerate(...)`, keys are list
+    # positions). In 2.15 Dynamo's store_user_object_weakrefs rebinds
+    # graph_bytecode_inputs' global to a new list, while runtime_wrappers
+    # keeps the list it imported: the snapshot reads that (stale) list, as
+    # we must. Bound once, at install, by _C._bind_torch.
+    external_objects_registry: str | None
+    # How _backward_impl puts the snapshot back before the compiled backward:
+    # None, `registry[idx] = weakref.ref(obj)` on the registry above (2.14);
+    # else the runtime_wrappers global it calls per entry (2.15:
+    # set_external_object_by_index, which appends a strong reference to
+    # graph_bytecode_inputs.keep_alive, writes the module's *current* list,
+    # appends at idx == len and raises AssertionError past the end).
+    external_objects_setter: str | None
+    # codegen (2.15): the runtime-wrapper sources of one compile (or cache
+    # hit) go to TORCH_TRACE as ONE artifact, aot_autograd_runtime_wrappers,
+    # of "# <name>\n<source>" blocks (codegen.aggregate_runtime_wrapper_sources;
+    # outside such a scope, one such artifact per source); 2.13/2.14 log each
+    # source as its own artifact named after it. _trace.py logs the C plan's
+    # description the same way.
+    aggregates_runtime_wrapper_trace: bool
+    # FunctionCtx.input_grad_buffers / _FunctionBase._input_grad_buffers
+    # (2.15): the engine's current gradient buffers of the Function's inputs,
+    # readable while its backward runs. The C++ node's grad_fn answers it
+    # where its build has it (csrc/cpp, on the headers of 2.15 on); the
+    # binding checks that the C++ part loaded agrees with this.
+    has_input_grad_buffers: bool
+    # _AutogradBackwardCompiler.get_or_compile (the lazy backward compile)
+    # runs under torch._dynamo.utils.deferred_full_gc() (2.15: gen2 GC
+    # threshold raised while it compiles). Inherited, not mirrored: the C
+    # backward calls upstream's get_or_compile; the field records it for
+    # the install check and the tests.
+    backward_compile_defers_gc: bool
+
+    def __post_init__(self) -> None:
+        # the registry exists exactly where the forward snapshots it; only a
+        # list registry is restored through the setter
+        if (self.external_objects_registry is not None) != self.snapshots_external_objects:
+            raise ValueError("external_objects_registry goes with snapshots_external_objects")
+        if self.external_objects_registry not in (None, "dict", "list"):
+            raise ValueError(f"external_objects_registry {self.external_objects_registry!r}")
+        if self.external_objects_setter is not None and self.external_objects_registry != "list":
+            raise ValueError("external_objects_setter needs a list registry")
 
     @property
     def name(self) -> str:
@@ -75,6 +120,11 @@ VERIFIED: tuple[Release, ...] = (
         function_apply_is_base=False,
         source_capture_sink=None,
         disable_skips_none_callback=False,
+        external_objects_registry=None,
+        external_objects_setter=None,
+        aggregates_runtime_wrapper_trace=False,
+        has_input_grad_buffers=False,
+        backward_compile_defers_gc=False,
     ),
     Release(
         series=(2, 14),
@@ -86,6 +136,27 @@ VERIFIED: tuple[Release, ...] = (
         function_apply_is_base=True,
         source_capture_sink="torch._functorch._aot_autograd.codegen:_current_capture_sink",
         disable_skips_none_callback=True,
+        external_objects_registry="dict",
+        external_objects_setter=None,
+        aggregates_runtime_wrapper_trace=False,
+        has_input_grad_buffers=False,
+        backward_compile_defers_gc=False,
+    ),
+    Release(
+        series=(2, 15),
+        keeps_saved_graph_inputs=True,
+        snapshots_external_objects=True,
+        copies_backward_context=True,
+        opaque_type_check="is_custom_class",
+        opaque_base="CustomClassBase",
+        function_apply_is_base=True,
+        source_capture_sink="torch._functorch._aot_autograd.codegen:_current_capture_sink",
+        disable_skips_none_callback=True,
+        external_objects_registry="list",
+        external_objects_setter="set_external_object_by_index",
+        aggregates_runtime_wrapper_trace=True,
+        has_input_grad_buffers=True,
+        backward_compile_defers_gc=True,
     ),
 )
 

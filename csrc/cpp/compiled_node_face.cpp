@@ -78,6 +78,52 @@ int set_attr(PyObject* self, PyObject* value, void* closure) {
   return 0;
 }
 
+#if RT_HAS_INPUT_GRAD_BUFFERS
+// _FunctionBase._input_grad_buffers (FunctionCtx.input_grad_buffers returns
+// it): the engine's current gradient buffers of the forward's inputs, one
+// entry per forward argument, None for an argument that is not a tensor and
+// for an undefined buffer. As THPFunction's getter: refused with a post-hook
+// on the node; then torch's get_current_input_grad_buffers (with the GIL
+// released) raises for every state it does not serve (not in backward, not
+// this node's backward, create_graph, anomaly mode, post-processing, ...).
+PyObject* get_input_grad_buffers(PyObject* self, void* /*closure*/) {
+  HANDLE_TH_ERRORS
+  CompiledFunctionNode* node = node_of(self);
+  TORCH_CHECK(node->post_hooks().empty(),
+              "input_grad_buffers does not support post-hooks on the producing autograd "
+              "node because directly accumulated gradients are returned as None and cannot "
+              "be observed or replaced by those hooks");
+  variable_list buffers;
+  {
+    GilRelease no_gil;
+    buffers = torch::autograd::get_current_input_grad_buffers(node);
+  }
+  const size_t n = node->is_variable_input.size();
+  THPObjectPtr result(PyTuple_New(static_cast<Py_ssize_t>(n)));
+  if (!result) {
+    return nullptr;
+  }
+  size_t variable_idx = 0;
+  for (size_t i = 0; i < n; i++) {
+    PyObject* value = nullptr;
+    if (node->is_variable_input[i]) {
+      TORCH_INTERNAL_ASSERT(variable_idx < buffers.size());
+      const Variable& buffer = buffers[variable_idx++];
+      value = buffer.defined() ? THPVariable_Wrap(buffer) : Py_NewRef(Py_None);
+      if (value == nullptr) {
+        return nullptr;
+      }
+    } else {
+      value = Py_NewRef(Py_None);
+    }
+    PyTuple_SET_ITEM(result.get(), static_cast<Py_ssize_t>(i), value);
+  }
+  TORCH_INTERNAL_ASSERT(variable_idx == buffers.size());
+  return result.release();
+  END_HANDLE_TH_ERRORS
+}
+#endif
+
 PyObject* get_materialize_non_diff_grads(PyObject* self, void* /*closure*/) {
   return PyBool_FromLong(node_of(self)->materialize_non_diff_grads);
 }
@@ -111,6 +157,10 @@ PyGetSetDef node_properties[] = {
     RT_DICT_ATTR("_external_objects", external_objects),
     {(char*)"_materialize_non_diff_grads", get_materialize_non_diff_grads,
      set_materialize_non_diff_grads, nullptr, nullptr},
+#if RT_HAS_INPUT_GRAD_BUFFERS
+    {(char*)"_input_grad_buffers", get_input_grad_buffers, nullptr, nullptr, nullptr},
+    {(char*)"input_grad_buffers", get_input_grad_buffers, nullptr, nullptr, nullptr},
+#endif
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 

@@ -142,6 +142,7 @@ const rt_cpp_api api = {
     tls_object,
     tensor_is_view,
     tensor_size_stride_equal,
+    RT_HAS_INPUT_GRAD_BUFFERS,
 };
 
 int module_exec(PyObject* module) {
