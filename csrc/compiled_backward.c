@@ -17,7 +17,6 @@ enum tangent_kind {
 typedef struct {
     int kind;
     PyObject *meta;            /* PlainTensorMeta / SubclassCreationMeta */
-    PyObject *memory_format_meta;
     PyObject *size, *stride, *memory_format;
     PyObject *desc, *stack_trace, *index;
     /* TANGENT_STRIDES with size and stride tuples of ndim plain ints: them
@@ -68,9 +67,46 @@ raise_runtime(const char *msg)
     return -1;
 }
 
+/* coerce_to_expected_memory_format's restriding branch, for a plain tensor
+ * whose size or stride differs from the expected ones (the usual case: the
+ * stride-0 tangent that `out.sum().backward()` hands in):
+ *     restrided = torch.empty_strided(size=..., stride=..., dtype=x.dtype,
+ *         device=x.device, layout=x.layout, requires_grad=x.requires_grad)
+ *     restrided.copy_(x)
+ * Same callables and the same keywords as upstream, so that a torch function
+ * mode active in the backward sees the same call. */
+static PyObject *
+restride_tangent(rt_state *st, const tangent_plan *t, PyObject *x)
+{
+    PyObject *argv[6] = {t->size, t->stride, NULL, NULL, NULL, NULL};
+    PyObject *restrided = NULL, *copied;
+    if ((argv[2] = PyObject_GetAttr(x, st->str_dtype)) == NULL ||
+        (argv[3] = PyObject_GetAttr(x, st->str_device)) == NULL ||
+        (argv[4] = PyObject_GetAttr(x, st->str_layout)) == NULL ||
+        (argv[5] = PyObject_GetAttr(x, st->str_requires_grad)) == NULL) {
+        goto done;
+    }
+    restrided = PyObject_Vectorcall(st->empty_strided, argv, 0, st->kwnames_empty_strided);
+    if (restrided == NULL) {
+        goto done;
+    }
+    copied = rt_tensor_call(st, RT_COPY_, restrided, &x, 1);
+    if (copied == NULL) {
+        Py_CLEAR(restrided);
+        goto done;
+    }
+    Py_DECREF(copied);
+done:
+    for (int i = 2; i < 6; i++) {
+        Py_XDECREF(argv[i]);
+    }
+    return restrided;
+}
+
 /* AOTDispatchAutograd.process_runtime_tangent(x, meta, j, ...)[0] with the
  * common case, a plain torch.Tensor, in C: coerce_to_expected_memory_format
- * is a no-op when strides (or the memory format) already match. */
+ * (a no-op when strides, or the memory format, already match; else a
+ * restrided copy, or x.contiguous(memory_format=...)). */
 static PyObject *
 process_tangent(CompiledBackward *self, const tangent_plan *t, PyObject *x)
 {
@@ -94,8 +130,12 @@ process_tangent(CompiledBackward *self, const tangent_plan *t, PyObject *x)
         if (same) {
             return Py_NewRef(x);
         }
-        PyObject *argv[2] = {x, t->memory_format_meta};
-        return PyObject_Vectorcall(st->coerce_memory_format, argv, 2, NULL);
+        if (t->kind == TANGENT_STRIDES) {
+            return restride_tangent(st, t, x);
+        }
+        PyObject *argv[2] = {x, t->memory_format};
+        return PyObject_Vectorcall(st->tensor_methods[RT_CONTIGUOUS], argv, 1,
+                                   st->kwnames_memory_format);
     }
     if (!Py_IS_TYPE(x, st->Tensor)) {
         int is_tensor = rt_is_tensor(st, x);
@@ -608,9 +648,9 @@ parse_tangents(CompiledBackward *self, PyObject *kwargs)
     for (Py_ssize_t j = 0; j < self->n_surviving; j++) {
         PyObject *rec = PyTuple_GET_ITEM(v, j);
         tangent_plan *t = &self->tangents[j];
-        if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 8 ||
+        if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 7 ||
             !PyLong_Check(PyTuple_GET_ITEM(rec, 0))) {
-            PyErr_Format(PyExc_ValueError, "plan: tangents[%zd] must be an 8-tuple", j);
+            PyErr_Format(PyExc_ValueError, "plan: tangents[%zd] must be a 7-tuple", j);
             return -1;
         }
         t->kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(rec, 0));
@@ -619,12 +659,11 @@ parse_tangents(CompiledBackward *self, PyObject *kwargs)
             return -1;
         }
         t->meta = Py_NewRef(PyTuple_GET_ITEM(rec, 1));
-        t->memory_format_meta = Py_NewRef(PyTuple_GET_ITEM(rec, 2));
-        t->size = Py_NewRef(PyTuple_GET_ITEM(rec, 3));
-        t->stride = Py_NewRef(PyTuple_GET_ITEM(rec, 4));
-        t->memory_format = Py_NewRef(PyTuple_GET_ITEM(rec, 5));
-        t->desc = Py_NewRef(PyTuple_GET_ITEM(rec, 6));
-        t->stack_trace = Py_NewRef(PyTuple_GET_ITEM(rec, 7));
+        t->size = Py_NewRef(PyTuple_GET_ITEM(rec, 2));
+        t->stride = Py_NewRef(PyTuple_GET_ITEM(rec, 3));
+        t->memory_format = Py_NewRef(PyTuple_GET_ITEM(rec, 4));
+        t->desc = Py_NewRef(PyTuple_GET_ITEM(rec, 5));
+        t->stack_trace = Py_NewRef(PyTuple_GET_ITEM(rec, 6));
         t->ndim = -1;
         if (t->kind == TANGENT_STRIDES && tangent_static_layout(t) < 0) {
             return -1;
@@ -753,7 +792,6 @@ CompiledBackward_traverse(CompiledBackward *self, visitproc visit, void *arg)
         for (Py_ssize_t j = 0; j < self->n_surviving; j++) {
             tangent_plan *t = &self->tangents[j];
             Py_VISIT(t->meta);
-            Py_VISIT(t->memory_format_meta);
             Py_VISIT(t->size);
             Py_VISIT(t->stride);
             Py_VISIT(t->memory_format);
@@ -780,7 +818,6 @@ CompiledBackward_clear(CompiledBackward *self)
         for (Py_ssize_t j = 0; j < self->n_surviving; j++) {
             tangent_plan *t = &self->tangents[j];
             Py_CLEAR(t->meta);
-            Py_CLEAR(t->memory_format_meta);
             Py_CLEAR(t->size);
             Py_CLEAR(t->stride);
             Py_CLEAR(t->memory_format);

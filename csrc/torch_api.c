@@ -14,6 +14,7 @@ static const char *const TENSOR_METHOD_NAMES[RT_N_TENSOR_METHODS] = {
     [RT_IS_VIEW] = "_is_view",
     [RT_IS_CONTIGUOUS] = "is_contiguous",
     [RT_REQUIRES_GRAD_] = "requires_grad_",
+    [RT_CONTIGUOUS] = "contiguous",
 };
 
 /* Upstream's messages, verbatim (runtime_wrappers.py). */
@@ -55,6 +56,9 @@ rt_state_init(rt_state *st)
     INTERN(str_saved_tensors, "saved_tensors");
     INTERN(str_backward_state, "_compiled_autograd_backward_state");
     INTERN(str_shape, "shape");
+    INTERN(str_dtype, "dtype");
+    INTERN(str_device, "device");
+    INTERN(str_layout, "layout");
     INTERN(str_boxed_call, "_boxed_call");
     INTERN(str_context, "context");
     INTERN(str_run, "run");
@@ -71,6 +75,8 @@ rt_state_init(rt_state *st)
     INTERN(str_compiled_autograd_enabled, "compiled_autograd_enabled");
     if ((st->kwnames_use_once = Py_BuildValue("(s)", "saved_tensors_use_once")) == NULL ||
         (st->kwnames_memory_format = Py_BuildValue("(s)", "memory_format")) == NULL ||
+        (st->kwnames_empty_strided = Py_BuildValue("(ssssss)", "size", "stride", "dtype",
+                                                   "device", "layout", "requires_grad")) == NULL ||
         (st->kwnames_steal_disable_amp = Py_BuildValue("(ss)", "steal_args", "disable_amp")) == NULL) {
         return -1;
     }
@@ -176,7 +182,7 @@ bind_autograd(rt_state *st, const rt_release_names *names)
     BIND(partial, "functools", "partial");
     BIND(functorch_config, "torch._functorch.config", NULL);
     BIND(process_runtime_tangent, RW, "AOTDispatchAutograd.process_runtime_tangent");
-    BIND(coerce_memory_format, RW, "coerce_to_expected_memory_format");
+    BIND(empty_strided, "torch", "empty_strided");
     BIND(call_func_at_runtime, RW, "call_func_at_runtime_with_args");
     /* Required on every verified release: a missing name is a torch we
      * were not verified against, never "no opaque objects". */
@@ -357,17 +363,17 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
     X(peek_interpreter_stack) X(deterministic_enabled) X(is_key_in_tls)   \
     X(get_obj_in_tls) X(keep_graph) X(BackwardState) X(SymInt) X(SymFloat) \
     X(unsafe_view) X(partial) X(functorch_config)                         \
-    X(process_runtime_tangent) X(coerce_memory_format)                    \
+    X(process_runtime_tangent) X(empty_strided)                    \
     X(call_func_at_runtime) X(is_opaque_type) X(OpaqueBase) X(external_objects) X(set_external_object) X(weakref_ref) \
     X(compiled_autograd) X(str_compiled_autograd_enabled) \
     X(SavedHooksGuardType) X(SerializableCallType) X(ParamsPrependType) X(DisabledCallType) X(top_saved_hooks) X(GraphModule) \
     X(str_external_objects) X(str_copy) X(str_debug_assert) X(str_compiled_fn) X(str_to_save) \
     X(str_non_differentiable) X(str_materialize_non_diff_grads)           \
     X(str_tensors_no_vc_check) X(str_symints) X(str_opaque_objects)       \
-    X(str_saved_tensors) X(str_backward_state) X(str_shape)               \
+    X(str_saved_tensors) X(str_backward_state) X(str_shape) X(str_dtype) X(str_device) X(str_layout)               \
     X(str_boxed_call) X(str_context) X(str_run) X(str_backward) X(str_vjp) X(str_get_or_compile)     \
     X(str_compiled_bw) X(str_bw_donated_idxs) X(str_donated_buffer)       \
-    X(kwnames_use_once) X(kwnames_memory_format)                          \
+    X(kwnames_use_once) X(kwnames_memory_format) X(kwnames_empty_strided)                          \
     X(kwnames_steal_disable_amp)
 
 int

@@ -33,6 +33,7 @@ enum rt_tensor_method {
     RT_IS_VIEW,
     RT_IS_CONTIGUOUS,
     RT_REQUIRES_GRAD_,
+    RT_CONTIGUOUS,
     RT_N_TENSOR_METHODS
 };
 
@@ -116,7 +117,7 @@ typedef struct rt_state {
     PyObject *partial;                    /* functools.partial */
     PyObject *functorch_config;           /* torch._functorch.config */
     PyObject *process_runtime_tangent;    /* AOTDispatchAutograd.process_runtime_tangent */
-    PyObject *coerce_memory_format;       /* coerce_to_expected_memory_format */
+    PyObject *empty_strided;              /* torch.empty_strided */
     PyObject *call_func_at_runtime;       /* call_func_at_runtime_with_args */
     /* The release's saved opaque-object check (runtime_wrappers globals
      * named by the release table: is_opaque_type/OpaqueBase in 2.13,
@@ -157,6 +158,7 @@ typedef struct rt_state {
     PyObject *str_saved_tensors;
     PyObject *str_backward_state;         /* _compiled_autograd_backward_state */
     PyObject *str_shape;
+    PyObject *str_dtype, *str_device, *str_layout;
     PyObject *str_boxed_call;
     PyObject *str_context;
     PyObject *str_run;
@@ -172,6 +174,7 @@ typedef struct rt_state {
     PyObject *str_compiled_fn;
     PyObject *kwnames_use_once;           /* ("saved_tensors_use_once",) */
     PyObject *kwnames_memory_format;      /* ("memory_format",) */
+    PyObject *kwnames_empty_strided;      /* ("size", "stride", "dtype", "device", "layout", "requires_grad") */
     PyObject *kwnames_steal_disable_amp;  /* ("steal_args", "disable_amp") */
     PyObject *str_alias;
     PyObject *str_dynamic_indices;        /* _dynamo_propagated_dynamic_indices */

@@ -429,6 +429,76 @@ def test_tangent_coercion_happens():
     assert seen[False] == seen[True] == (5, 1), seen
 
 
+@pytest.mark.parametrize("guess_strides", [True, False])
+def test_tangent_coercion_in_c(guess_strides):
+    """The C backward coerces plain-tensor tangents itself: upstream's
+    coerce_to_expected_memory_format (Python) runs on every such backward
+    with the C path off, never with it on (counted as Python frames, however
+    the function is reached), and the tangent the compiled backward receives
+    is the same (strides, values, requires_grad)."""
+    seen = {}
+    for use_c in (False, True):
+        rec = T.RecordingBackward()
+        torch._dynamo.reset()
+        with torch._functorch.config.patch(guess_tangent_strides_as_outputs=guess_strides):
+            with T.c_runtime(use_c):
+                g = aot_function(f_matmul, fw_compiler=nop, bw_compiler=rec)
+                out = g(leaf(3, 4), leaf(4, 5))
+            loss = out.sum()
+            loss.backward(retain_graph=True)  # compiles the backward
+            frames = []
+
+            def profile(frame, event, arg):
+                if event == "call" and frame.f_code.co_name == "coerce_to_expected_memory_format":
+                    frames.append(frame.f_code.co_filename)
+
+            sys.setprofile(profile)
+            try:
+                loss.backward()  # a stride-0 tangent: coerced
+            finally:
+                sys.setprofile(None)
+        seen[use_c] = (rec.calls[-1][-1], len(frames))
+    assert seen[False][1] >= 1, "upstream did not coerce: the test proves nothing"
+    D.assert_same(seen[False][0], seen[True][0])
+    if D.C_ENABLED:
+        assert seen[True][1] == 0, seen
+
+
+def test_tangent_coercion_under_dispatch_mode():
+    """The restrided copy goes through the same torch callables as upstream's
+    (``torch.empty_strided`` with the same keywords, ``Tensor.copy_``), so a
+    TorchDispatchMode active during the backward sees the same ops, in the
+    same order, with the same arguments."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            self.calls.append(
+                (str(func), [tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args],
+                 sorted(kwargs.items(), key=lambda kv: kv[0]))
+            )
+            return func(*args, **kwargs)
+
+    seen = {}
+    for use_c in (False, True):
+        torch._dynamo.reset()
+        with T.c_runtime(use_c):
+            g = aot_function(f_matmul, fw_compiler=nop, bw_compiler=nop)
+            out = g(leaf(3, 4), leaf(4, 5))
+        loss = out.sum()
+        mode = Record()
+        with mode:
+            loss.backward()
+        seen[use_c] = [c for c in mode.calls if "empty_strided" in c[0] or "copy_" in c[0]]
+    assert seen[False], "upstream made no restriding call the mode could see"
+    assert seen[False] == seen[True], seen
+
+
 # ---------------------------------------------------------------------------
 # symints: dynamic shapes through torch.compile
 

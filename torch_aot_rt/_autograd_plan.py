@@ -114,7 +114,6 @@ def _tangent_plan(tangent_meta, desc, stack_trace) -> tuple:
     return (
         kind,
         tangent_meta,
-        mf,
         getattr(mf, "size", None),
         getattr(mf, "stride", None),
         getattr(mf, "memory_format", None),
