@@ -142,7 +142,7 @@ EOF
     local -a build=("$PY" -m pip install --disable-pip-version-check -q --no-build-isolation --no-deps -e .)
     if [ -n "$cpp" ]; then build=(env TORCH_AOT_RT_CPP="$cpp" "${build[@]}"); fi
     _log "building torch_aot_rt against $("$PY" -c 'import torch; print(torch.__version__)')" \
-        "(C++ part: $([ "$cpp" = 0 ] && echo no || echo yes)," \
+        "(C++ part: $([ "$cpp" = 0 ] && echo no || echo "where setup.py supports this torch's headers")," \
         "debug=${TORCH_AOT_RT_DEBUG:-0} sanitize=${TORCH_AOT_RT_SANITIZE:-0})"
     local t0=$SECONDS
     "${build[@]}"
