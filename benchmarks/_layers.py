@@ -16,7 +16,10 @@ with one argument. ``params_prepend``: ``aot_module_simplified``'s own
 one argument. ``dynamo_disable``: ``torch._dynamo.disable`` of a trivial
 function (upstream's ``_fn``) against ``_C.DisabledCall`` over that wrapper,
 called with one argument, default stance. ``direct`` is an empty call, the
-loop's own cost.
+loop's own cost, except for ``subclass_*``: AOTDispatchSubclassWrapper's
+per-call wrapper (upstream's generated Python, ``_C.SubclassWrapper``) around
+the compiled graph of ``x * 2 + 1`` on a TwoTensor of 8 elements, whose
+``direct`` is that graph called on the inner tensors.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ ROWS = {
     "serializable_call": "SerializableCompiledFunction(f)(x)",
     "params_prepend": "aot_module_simplified's forward(x), one param",
     "dynamo_disable": "torch._dynamo.disable(f)(x), as around the compiled backward",
+    "subclass_inference": "subclass wrapper, x * 2 + 1 on a TwoTensor(8), inference graph",
+    "subclass_training": "subclass wrapper, x * 2 + 1 on a TwoTensor(8), training forward graph",
 }
 
 
@@ -146,7 +151,53 @@ def _disable_runs(rt):
     return (lambda: up_fn(1)), (lambda: c_fn(1))
 
 
+def _subclass_runs(rt, training: bool):
+    """AOTDispatchSubclassWrapper.post_compile's wrapper, upstream's generated
+    Python and ours, built from the same arguments (captured from a compile of
+    ``x * 2 + 1`` on a TwoTensor of 8 elements, requiring grad for the training
+    forward, whose wrapper also returns the activations); ``direct`` calls the
+    compiled graph itself on the inner tensors, the baseline the overhead is
+    measured over."""
+    import torch
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    import torch._functorch._aot_autograd.runtime_wrappers as rw
+    from torch_aot_rt import _install, _state, _subclass
+
+    _install.install()
+    cls = rw.AOTDispatchSubclassWrapper
+    (replaced,) = [r for r in _state.installed["replaced"]
+                   if r.owner is cls and r.name == "post_compile"]
+    records = []
+
+    def spy(this, compiled_fn, aot_config, *, runtime_metadata):
+        records.append((this, compiled_fn, aot_config, runtime_metadata))
+        return replaced.upstream(this, compiled_fn, aot_config, runtime_metadata=runtime_metadata)
+
+    x = TwoTensor(torch.randn(8), torch.randn(8))
+    if training:
+        x.requires_grad_()
+    cls.post_compile = spy
+    try:
+        with rt.enabled(False):
+            torch._dynamo.reset()
+            torch.compile(lambda t: t * 2 + 1, backend="aot_eager", fullgraph=True)(x)
+    finally:
+        cls.post_compile = replaced.ours
+    this, graph, aot_config, meta = records[-1]
+    up_fn = replaced.upstream(this, graph, aot_config, runtime_metadata=meta)
+    with rt.enabled(True):
+        c_fn = _subclass.build(replaced.upstream, this, graph, aot_config, meta)
+    a, b = x.a, x.b
+    x = x.detach()
+    ok = isinstance(c_fn, _cases._C.SubclassWrapper)
+    return ((lambda: len(graph([a, b]))), (lambda: len(up_fn([x]))),
+            (lambda: len(c_fn([x]))) if ok else None)
+
+
 _BUILDERS = {
+    "subclass_inference": lambda rt: _subclass_runs(rt, False),
+    "subclass_training": lambda rt: _subclass_runs(rt, True),
     "saved_tensors_hooks_guard": _guard_runs,
     "serializable_call": _serializable_runs,
     "params_prepend": _prepend_runs,
@@ -164,7 +215,11 @@ def build_layer_cases(names=None) -> dict[str, LayerCase]:
         if rt is None or _cases._C is None:
             case.c_note = _cases.C_UNAVAILABLE
             continue
-        up_run, c_run = _BUILDERS[name](rt)
+        runs = _BUILDERS[name](rt)
+        if len(runs) == 3:  # a baseline of its own: the call the layer wraps
+            case.runs["direct"], up_run, c_run = runs
+        else:
+            up_run, c_run = runs
         case.runs["upstream"] = up_run
         if c_run is None:
             case.c_note = "C variant not built"

@@ -56,6 +56,7 @@ extern PyType_Spec ApplyBoxed_spec;
 extern PyType_Spec SavedHooksGuard_spec;
 extern PyType_Spec SerializableCall_spec;
 extern PyType_Spec ParamsPrepend_spec;
+extern PyType_Spec SubclassWrapper_spec;
 
 #define DEFINE_DEALLOC(Type, extra)                                          \
     static void Type##_dealloc(Type *self)                                   \

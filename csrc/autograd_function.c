@@ -182,6 +182,7 @@ rt_autograd_types_init(PyObject *module, rt_state *st)
         {&SerializableCall_spec, &st->SerializableCallType},
         {&ParamsPrepend_spec, &st->ParamsPrependType},
         {&DisabledCall_spec, &st->DisabledCallType},
+        {&SubclassWrapper_spec, &st->SubclassWrapperType},
     };
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         *types[i].slot = (PyTypeObject *)PyType_FromModuleAndSpec(module, types[i].spec, NULL);

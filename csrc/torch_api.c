@@ -73,6 +73,8 @@ rt_state_init(rt_state *st)
     INTERN(str_debug_assert, "debug_assert");
     INTERN(str_compiled_fn, "compiled_fn");
     INTERN(str_compiled_autograd_enabled, "compiled_autograd_enabled");
+    INTERN(str_tensor_unflatten, "__tensor_unflatten__");
+    INTERN(str_clear, "clear");
     if ((st->kwnames_use_once = Py_BuildValue("(s)", "saved_tensors_use_once")) == NULL ||
         (st->kwnames_memory_format = Py_BuildValue("(s)", "memory_format")) == NULL ||
         (st->kwnames_empty_strided = Py_BuildValue("(ssssss)", "size", "stride", "dtype",
@@ -374,7 +376,8 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
     X(str_boxed_call) X(str_context) X(str_run) X(str_backward) X(str_vjp) X(str_get_or_compile)     \
     X(str_compiled_bw) X(str_bw_donated_idxs) X(str_donated_buffer)       \
     X(kwnames_use_once) X(kwnames_memory_format) X(kwnames_empty_strided)                          \
-    X(kwnames_steal_disable_amp)
+    X(kwnames_steal_disable_amp)                                          \
+    X(SubclassWrapperType) X(str_tensor_unflatten) X(str_clear)
 
 int
 rt_state_traverse(rt_state *st, visitproc visit, void *arg)

@@ -100,6 +100,9 @@ typedef struct rt_state {
     PyTypeObject *SerializableCallType;   /* serializable_call.c */
     PyTypeObject *ParamsPrependType;      /* params_prepend.c */
     PyTypeObject *DisabledCallType;       /* dynamo_disable.c */
+    PyTypeObject *SubclassWrapperType;    /* subclass_wrapper.c */
+    PyObject *str_tensor_unflatten;       /* __tensor_unflatten__ */
+    PyObject *str_clear;                  /* clear */
     PyObject *FunctionBase;               /* torch._C._FunctionBase */
     PyObject *function_base_apply;        /* its `apply` classmethod descriptor */
     PyObject *maybe_clear_saved_tensors;  /* _FunctionBase.maybe_clear_saved_tensors */

@@ -3,6 +3,8 @@ replaced, and replaces it, in order.
 
 What we put in place of upstream's, each where all its callers find it:
 
+- ``AOTDispatchSubclassWrapper.post_compile`` (``_subclass``: the generated
+  subclass unwrap/wrap around the compiled graph);
 - ``runtime_wrappers._create_runtime_wrapper`` (a module global that
   ``RuntimeWrapper.post_compile`` looks up on every compile: the one place
   ``torch.compile``, ``aot_function``/``aot_module`` and AOTAutogradCache hits
@@ -240,13 +242,14 @@ def _replace_layers(rw) -> list:
     upstream's, counted, when it is not the verified one."""
     import torch._functorch.aot_autograd as aot_autograd
 
-    from . import _guards, _prepend, _serializable
+    from . import _guards, _prepend, _serializable, _subclass
 
     replaced = []
     for name, install, arg in (
         ("saved-tensors-hooks guard", _guards.install, None),
         ("SerializableCompiledFunction", _serializable.install, rw),
         ("params prepend", _prepend.install, aot_autograd),
+        ("subclass wrapper", _subclass.install, rw),
     ):
         try:
             record = install() if arg is None else install(arg)

@@ -66,6 +66,28 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_codegen_compiled_backward",
         "_AOTDispatchAutogradFunctionFactory",
         "AOTDispatchAutograd",
+        # csrc/subclass_wrapper.c, _subclass.py: the subclass wrapper
+        "AOTDispatchSubclassWrapper",
+    )),
+    ("_functorch/_aot_autograd/subclass_codegen.py", (
+        # csrc/subclass_wrapper.c, _subclass.py: the generated subclass
+        # wrapper (the placeholder helpers are called at build)
+        "_is_symint_placeholder",
+        "_compute_placeholders",
+        "_safe_attr_access",
+        "_concrete_value",
+        "_OutputWrapState",
+        "_is_optional_symint_output",
+        "_codegen_unwrap_subclass",
+        "_codegen_wrap_subclass",
+        "_count_output_args",
+        "_emit_optional_symint_skip",
+        "_emit_optional_plain_tensor_symint_skips",
+        "_emit_output_wrapping",
+        "_emit_input_unwrapping",
+        "_codegen_subclass_wrapper_source",
+        "_compile_and_exec_source",
+        "codegen_subclass_wrapper",
     )),
     ("_functorch/_aot_autograd/codegen.py", (
         # _trace.py: where upstream's generated sources go (tlparse, capture)
@@ -75,6 +97,8 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_trace_runtime_wrapper_sources",
         "aggregate_runtime_wrapper_sources",
         "capture_generated_sources",
+        # _subclass.py: how the generated subclass wrapper is made (2.14 on)
+        "_compile_and_exec_source",
     )),
     ("_functorch/_aot_autograd/functional_utils.py", (
         # csrc/epilogue.c: alias replay
@@ -96,6 +120,8 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "ViewAndMutationMeta",
         "PlainTensorMeta",
         "MemoryFormatMeta",
+        "OpaqueMeta",
+        "SubclassCreationMeta",
     )),
     ("_functorch/aot_autograd.py", (
         # csrc/params_prepend.c: its forward closures

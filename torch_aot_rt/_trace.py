@@ -186,3 +186,44 @@ def log_plan(plan) -> None:
             metadata_fn=lambda name=name: {"name": name, "encoding": "string"},
             payload_fn=lambda name=name: describe(plan, name),
         )
+
+
+class _LazyText:
+    """Text built when formatted (a 2.15 trace sink formats its entries when
+    it logs them)."""
+
+    __slots__ = ("build",)
+
+    def __init__(self, build) -> None:
+        self.build = build
+
+    def __str__(self) -> str:
+        return self.build()
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+def log_text(name: str, build) -> None:
+    """Log ``build()`` as the artifact ``name``, where and how upstream's
+    ``_compile_and_exec_source`` logs a generated source of that name (the
+    subclass wrapper's description, in its ``subclass_wrapper`` artifact's
+    place); ``build`` runs only if the artifact is logged."""
+    if _aggregates():
+        from torch._functorch._aot_autograd import codegen
+
+        entry = (name, _LazyText(build))
+        sink = codegen._current_trace_sink()
+        if sink is not None:
+            sink.append(entry)
+        else:
+            codegen._trace_runtime_wrapper_sources((entry,))
+        return
+
+    import torch._logging
+
+    torch._logging.trace_structured(
+        "artifact",
+        metadata_fn=lambda: {"name": name, "encoding": "string"},
+        payload_fn=build,
+    )

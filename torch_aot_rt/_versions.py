@@ -93,6 +93,21 @@ class Release:
     # backward calls upstream's get_or_compile; the field records it for
     # the install check and the tests.
     backward_compile_defers_gc: bool
+    # AOTDispatchSubclassWrapper's generated wrapper (subclass_codegen.py,
+    # _codegen_subclass_wrapper_source; _subclass.py builds the C program):
+    # 2.13 reads the graph's outputs at indices fixed when it is generated and
+    # returns the activations from the tally of wrapped outputs on; 2.14 reads
+    # them with a running index (_out_idx), skips optional SymInt outputs
+    # (_emit_optional_symint_skip), asserts the counts, takes a subclass's
+    # outer size/stride from an inner attribute where its metadata says so
+    # (outer_size_from_attr), appends the symbolic sizes/strides of plain
+    # inner tensors (PlainTensorMeta.size_symbol_placeholders), and returns
+    # the activations counted from the end.
+    subclass_outputs_by_cursor: bool
+    # The ViewAndMutationMeta field naming AsyncCollectiveTensor inputs,
+    # which the generated wrapper waits on (those compiles keep upstream's):
+    # act_input_indices (2.13), act_input_paths (2.14: paths into subclasses).
+    subclass_act_inputs: str
 
     def __post_init__(self) -> None:
         # the registry exists exactly where the forward snapshots it; only a
@@ -125,6 +140,8 @@ VERIFIED: tuple[Release, ...] = (
         aggregates_runtime_wrapper_trace=False,
         has_input_grad_buffers=False,
         backward_compile_defers_gc=False,
+        subclass_outputs_by_cursor=False,
+        subclass_act_inputs="act_input_indices",
     ),
     Release(
         series=(2, 14),
@@ -141,6 +158,8 @@ VERIFIED: tuple[Release, ...] = (
         aggregates_runtime_wrapper_trace=False,
         has_input_grad_buffers=False,
         backward_compile_defers_gc=False,
+        subclass_outputs_by_cursor=True,
+        subclass_act_inputs="act_input_paths",
     ),
     Release(
         series=(2, 15),
@@ -157,6 +176,8 @@ VERIFIED: tuple[Release, ...] = (
         aggregates_runtime_wrapper_trace=True,
         has_input_grad_buffers=True,
         backward_compile_defers_gc=True,
+        subclass_outputs_by_cursor=True,
+        subclass_act_inputs="act_input_paths",
     ),
 )
 

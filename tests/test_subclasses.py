@@ -1,0 +1,444 @@
+"""Tensor subclasses: AOTDispatchSubclassWrapper's generated wrapper in C
+(``_C.SubclassWrapper``, torch_aot_rt/_subclass.py).
+
+Differential, through ``torch.compile(backend="aot_eager")`` on
+``TwoTensor`` (inference, training, an aliased output, a mutated subclass
+input, nested subclasses, plain and subclass arguments mixed, symbolic sizes
+with ``dynamic=True``), nested jagged tensors and AOTAutogradCache hits: the
+C path off and on, everything the harness observes (values, types, strides,
+aliasing, requires_grad, grad_fn, gradients), plus each subclass output's and
+input's inner tensors. Direct: the wrapper upstream generates and ours, built
+from the same ``post_compile`` arguments, called on the same arguments,
+wrong types and odd argument lists included. References over many calls.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+
+import pytest
+import torch
+from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+from torch.testing._internal.two_tensor import TwoTensor
+
+import _differential as D
+
+pytestmark = pytest.mark.needs_c
+
+# Training with subclasses keeps upstream's CompiledFunction (its own fallback
+# reason); the subclass wrapper inside it, around the forward graph, is ours.
+CF_FALLBACK = "CompiledFunction: tensor subclass inputs or outputs"
+
+
+def _built(run) -> int:
+    return run.built("subclass_wrappers")
+
+
+def _inner_flat(x) -> list:
+    """The inner tensors of a subclass (recursively), in flatten order."""
+    if isinstance(x, torch.Tensor) and hasattr(type(x), "__tensor_flatten__") and type(x) is not torch.Tensor:
+        names, _ = x.__tensor_flatten__()
+        return [t for n in names for t in [getattr(x, n), *_inner_flat(getattr(x, n))]]
+    if isinstance(x, (tuple, list)):
+        return [t for v in x for t in _inner_flat(v)]
+    return []
+
+
+def _with_inner(compiled):
+    """The compiled function, returning also each subclass output's inner
+    tensors (so that the harness records their values, strides, storage
+    sharing with the inputs' inner tensors, versions, ...)."""
+
+    def call(*args):
+        out = compiled(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        return (*outs, *_inner_flat(outs))
+
+    return call
+
+
+def _compile(dynamic=False, **kw):
+    def how(fn):
+        return _with_inner(torch.compile(fn, backend="aot_eager", fullgraph=True,
+                                         dynamic=dynamic, **kw))
+
+    return how
+
+
+def _two(shape, device, requires_grad=False, nested=False):
+    a = torch.randn(shape, device=device)
+    b = torch.randn(shape, device=device)
+    if nested:
+        a = TwoTensor(a, torch.randn(shape, device=device))
+    t = TwoTensor(a, b)
+    return t.requires_grad_() if requires_grad else t
+
+
+def _inputs(*specs):
+    """specs: ("two", shape, requires_grad[, nested]) or ("plain", shape, requires_grad)"""
+
+    def make(device):
+        args = []
+        for kind, shape, rg, *rest in specs:
+            if kind == "two":
+                args.append(_two(shape, device, rg, nested=bool(rest and rest[0])))
+            else:
+                args.append(torch.randn(shape, device=device, requires_grad=rg))
+        return D.Inputs(tuple(args), tuple(_inner_flat(args)))
+
+    return make
+
+
+def f_affine(x):
+    return x * 2 + 1
+
+
+def f_mixed(x, y):
+    return x * y, y + 1, (x - 1).sum()
+
+
+def f_alias(x):
+    return x.view(-1), x * 2
+
+
+def f_mutate(x):
+    x.mul_(2)
+    return x + 1
+
+
+def f_two_outputs(x, y):
+    return x + y, x * y
+
+
+CASES = {
+    # name: (fn, inputs, training)
+    "inference": (f_affine, (("two", (8,), False),), False),
+    "training": (f_affine, (("two", (8,), True),), True),
+    "mixed_plain_and_subclass": (f_mixed, (("two", (4, 2), False), ("plain", (4, 2), False)), False),
+    "mixed_training": (f_mixed, (("two", (4, 2), True), ("plain", (4, 2), True)), True),
+    "aliased_output": (f_alias, (("two", (2, 4), False),), False),
+    "aliased_output_training": (f_alias, (("two", (2, 4), True),), True),
+    "mutated_input": (f_mutate, (("two", (8,), False),), False),
+    "nested_subclass": (f_affine, (("two", (8,), False, True),), False),
+    "nested_subclass_training": (f_two_outputs,
+                                 (("two", (8,), True, True), ("two", (8,), False, True)), True),
+}
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_aot_eager(device, case, dynamic):
+    fn, specs, training = CASES[case]
+    on = D.run_differential(
+        fn,
+        _inputs(*specs),
+        compile=_compile(dynamic=dynamic),
+        device=device,
+        calls=3,
+        allow_fallback=CF_FALLBACK if training else None,
+    )
+    if D.C_ENABLED:
+        assert _built(on) >= 1, on.new_fallback_reasons()
+        assert not any("subclass wrapper" in k for k in on.new_fallback_reasons())
+
+
+def test_dynamic_sizes_change(device):
+    """dynamic=True, then calls with other sizes: the symbolic sizes the graph
+    takes come from the subclass (x.size()[i], x.stride()[i]) each call."""
+    sizes = [(8,), (5,), (11,)]
+
+    def make(device):
+        return D.Inputs((_two(sizes[D.call_index()], device),))
+
+    on = D.run_differential(f_affine, make, compile=_compile(dynamic=True), device=device,
+                            calls=3)
+    if D.C_ENABLED:
+        assert _built(on) >= 1
+
+
+# ---------------------------------------------------------------------------
+# nested jagged tensors
+
+
+def _njt(device, requires_grad=False):
+    parts = [torch.randn(n, 3, device=device) for n in (2, 4, 1)]
+    nt = torch.nested.nested_tensor(parts, layout=torch.jagged)
+    return nt.requires_grad_() if requires_grad else nt
+
+
+def _njt_record(out, x):
+    return {
+        "type": type(out).__name__,
+        "values": out.values().detach().clone(),
+        "offsets": out.offsets().clone(),
+        "shares_offsets": out.offsets() is x.offsets(),
+        "ragged_idx": out._ragged_idx,
+        "requires_grad": out.requires_grad,
+        "grad_fn": type(out.grad_fn).__name__ if out.grad_fn is not None else None,
+        "dim": out.dim(),
+    }
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_nested_jagged(device, training):
+    def fn(x):
+        return x.sin() * 2 + 1
+
+    results = []
+    for use_c in (False, True):
+        torch._dynamo.reset()
+        before = D._state.counters() if D.C_ENABLED else None
+        with D.runtime(use_c):
+            compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+            records = []
+            for k in range(3):
+                torch.manual_seed(k)
+                x = _njt(device, training)
+                out = compiled(x)
+                rec = _njt_record(out, x)
+                if training:
+                    out.values().sum().backward()
+                    rec["grad"] = x.grad.values().clone()
+                records.append(rec)
+        if D.C_ENABLED and use_c:
+            after = D._state.counters()
+            assert after["subclass_wrappers"] > before["subclass_wrappers"], after
+        results.append(records)
+    off, on = results
+    for a, b in zip(off, on):
+        assert a.keys() == b.keys()
+        for key in a:
+            if isinstance(a[key], torch.Tensor):
+                torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+            else:
+                assert a[key] == b[key], (key, a[key], b[key])
+
+
+# ---------------------------------------------------------------------------
+# AOTAutogradCache
+
+BUNDLED_CACHE = {
+    k: v
+    for k, v in {
+        "enable_autograd_cache": True,
+        "force_autograd_cache": True,
+        "bundled_autograd_cache": True,
+    }.items()
+    if hasattr(torch._functorch.config, k)
+}
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_autograd_cache_hit(device, training):
+    """A cache hit runs AOTDispatchSubclassWrapper.post_compile again: ours
+    builds the C wrapper there too."""
+    from torch._dynamo.utils import counters
+
+    AOTAutogradCache.clear()
+    kw = dict(compile=_compile(), functorch_config=BUNDLED_CACHE, calls=2, device=device)
+    inputs = _inputs(("two", (8,), training))
+
+    def hits():
+        return counters["aot_autograd"].get("autograd_cache_hit", 0)
+
+    miss = D.run_once(f_affine, inputs, use_c=False, **kw)
+    h0 = hits()
+    hit_on = D.run_once(f_affine, inputs, use_c=True, **kw)
+    assert hits() == h0 + 1
+    if D.C_ENABLED:
+        assert _built(hit_on) == 1, hit_on.new_fallback_reasons()
+    h1 = hits()
+    hit_off = D.run_once(f_affine, inputs, use_c=False, **kw)
+    assert hits() == h1 + 1
+    D.compare_runs(miss, hit_on)
+    D.compare_runs(hit_off, hit_on)
+
+
+# ---------------------------------------------------------------------------
+# direct: upstream's generated wrapper and ours, from the same arguments
+
+
+class _PostCompileSpy:
+    """Records AOTDispatchSubclassWrapper.post_compile's arguments."""
+
+    def __init__(self):
+        self.records = []
+
+    def __enter__(self):
+        import torch._functorch._aot_autograd.runtime_wrappers as rw
+
+        self.cls = rw.AOTDispatchSubclassWrapper
+        self.prev = self.cls.__dict__["post_compile"]
+        prev = self.prev
+
+        def spy(this, compiled_fn, aot_config, *, runtime_metadata):
+            self.records.append((this, compiled_fn, aot_config, runtime_metadata))
+            return prev(this, compiled_fn, aot_config, runtime_metadata=runtime_metadata)
+
+        self.cls.post_compile = spy
+        return self
+
+    def __exit__(self, *exc):
+        self.cls.post_compile = self.prev
+
+
+def _pair(fn, args, dynamic=False):
+    """(upstream's wrapper, ours, the inner compiled graph) for fn's forward."""
+    from torch_aot_rt import _subclass
+
+    torch._dynamo.reset()
+    with D.runtime(False), _PostCompileSpy() as spy:
+        torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=dynamic)(*args)
+    this, compiled_fn, aot_config, meta = spy.records[-1]
+    upstream = D._state.installed["replaced"]
+    upstream_pc = next(r.upstream for r in upstream if r.name == "post_compile"
+                       and r.owner is spy.cls)
+    theirs = upstream_pc(this, compiled_fn, aot_config, runtime_metadata=meta)
+    with D.runtime(True):
+        ours = _subclass.build(upstream_pc, this, compiled_fn, aot_config, meta)
+    assert isinstance(ours, D._C.SubclassWrapper), ours
+    return theirs, ours, compiled_fn
+
+
+def _outcome(f, *args):
+    try:
+        out = f(*args)
+    except Exception as e:  # noqa: BLE001
+        return ("raised", type(e).__name__, str(e))
+    return ("returned", _describe(out))
+
+
+def _describe(x):
+    if isinstance(x, (tuple, list)):
+        return (type(x).__name__, [_describe(v) for v in x])
+    if isinstance(x, torch.Tensor):
+        inner = [_describe(t) for t in _inner_flat([x])]
+        return (type(x).__name__, tuple(x.shape), x.stride(), x.detach().clone() if type(x) is torch.Tensor
+                else None, inner)
+    return (type(x).__name__, x)
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        return
+    if isinstance(a, (tuple, list)):
+        assert type(a) is type(b) and len(a) == len(b), (a, b)
+        for x, y in zip(a, b):
+            _same(x, y)
+        return
+    assert a == b, (a, b)
+
+
+@pytest.mark.skipif(not D.C_ENABLED, reason="needs the C path")
+def test_direct_identity_and_errors(device):
+    """Ours and upstream's generated wrapper on the same calls: the plain
+    call, a wrong subclass type (the generated assertion), a trailing extra
+    argument (passed through), an args list too short, a tuple (no clear())."""
+    x = _two((8,), device)
+    theirs, ours, compiled_fn = _pair(f_affine, (x,))
+    # the generated function's identity: update_wrapper(fn, compiled_fn)
+    assert ours._boxed_call is True and theirs._boxed_call is True
+    assert ours.__wrapped__ is theirs.__wrapped__ is compiled_fn
+    for name in ("__name__", "__qualname__", "__module__", "__doc__"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert {k: v for k, v in vars(ours).items() if not k.startswith("__")} == {
+        k: v for k, v in vars(theirs).items() if not k.startswith("__")
+    }
+
+    def fresh():
+        torch.manual_seed(0)
+        return _two((8,), device)
+
+    for make in (
+        lambda: [fresh()],
+        lambda: [torch.randn(8, device=device)],        # not a TwoTensor
+        lambda: [],                                       # too short
+        lambda: (fresh(),),                               # a tuple: no clear()
+    ):
+        a, b = make(), make()
+        _same(_outcome(theirs, a), _outcome(ours, b))
+        _same(_describe(a), _describe(b))  # what is left of the args list
+
+
+@pytest.mark.skipif(not D.C_ENABLED, reason="needs the C path")
+def test_direct_signature_errors(device):
+    x = _two((8,), device)
+    theirs, ours, _ = _pair(f_affine, (x,))
+    for call in (lambda f: f(), lambda f: f([x], [x]), lambda f: f([x], y=1),
+                 lambda f: f(y=[x])):
+        _same(_outcome(call, theirs), _outcome(call, ours))
+    _same(_outcome(lambda: theirs(args=[_two((8,), device)])),
+          _outcome(lambda: ours(args=[_two((8,), device)])))
+
+
+@pytest.mark.skipif(not D.C_ENABLED, reason="needs the C path")
+def test_plan_validation():
+    from torch_aot_rt import _C
+    from torch_aot_rt._kinds import SC_APPEND, SC_OUT
+
+    base = dict(n_inputs=1, n_regs=1, unwrap=(), wrap=(), results=(), cursor=False, saved=0,
+                count_check=None, final_check=False, tail=0, tail_n=0, asserts=True)
+    with pytest.raises(ValueError, match="read before it is written"):
+        _C.SubclassWrapper(lambda a: a, **{**base, "unwrap": ((SC_APPEND, 0, 0, 0, 0, None, None, ()),)})
+    with pytest.raises(ValueError, match="not a wrap instruction"):
+        _C.SubclassWrapper(lambda a: a, **{**base, "wrap": ((SC_APPEND, 0, 0, 0, 0, None, None, ()),)})
+    with pytest.raises(ValueError, match="unknown op"):
+        _C.SubclassWrapper(lambda a: a, **{**base, "wrap": ((99, 0, 0, 0, 0, None, None, ()),)})
+    with pytest.raises(ValueError, match="results"):
+        _C.SubclassWrapper(lambda a: a, **{**base, "results": (0,)})
+    with pytest.raises(ValueError, match="count_check"):
+        _C.SubclassWrapper(lambda a: a, **{**base, "count_check": (1, 2)})
+    ok = _C.SubclassWrapper(lambda a: [7, 8], **{**base, "wrap": ((SC_OUT, 0, 1, 0, 0, None, None, ()),),
+                                                "results": (0,)})
+    assert ok([]) == (8,)
+
+
+# ---------------------------------------------------------------------------
+# fallbacks and the switch
+
+
+def test_disabled_builds_upstream(device):
+    torch._dynamo.reset()
+    before = torch_aot_rt_stats()
+    with D.runtime(False):
+        torch.compile(f_affine, backend="aot_eager", fullgraph=True)(_two((8,), device))
+    after = torch_aot_rt_stats()
+    assert after["subclass_wrappers"] == before["subclass_wrappers"]
+
+
+def torch_aot_rt_stats():
+    import torch_aot_rt
+
+    return torch_aot_rt.stats()
+
+
+# ---------------------------------------------------------------------------
+# references
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_refcounts_flat(device, training):
+    x = _two((8,), device, requires_grad=training)
+    torch._dynamo.reset()
+    with D.runtime(True):
+        g = torch.compile(f_affine, backend="aot_eager", fullgraph=True)
+        for _ in range(5):
+            out = g(x)
+            if training:
+                out.sum().backward()
+    del out
+    gc.collect()
+    before = (sys.getrefcount(x), sys.getrefcount(x.a), sys.getrefcount(x.b))
+    refs = []
+    for i in range(300):
+        out = g(x)
+        if training and i % 10 == 0:
+            out.sum().backward()
+        refs.append(weakref.ref(out))
+        del out
+    gc.collect()
+    assert (sys.getrefcount(x), sys.getrefcount(x.a), sys.getrefcount(x.b)) == before
+    assert all(r() is None for r in refs)
