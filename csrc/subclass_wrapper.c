@@ -484,38 +484,59 @@ sc_extend_tail(SubclassWrapper *self, PyObject *args, PyObject *flat)
 
 /* The argument errors of the generated `def inner_fn(args)`, in the order
  * CPython checks them (keywords, then the positional count, then what is
- * missing). Returns -1 with the error set, or 0 for the one valid call
- * with keywords, inner_fn(args=x). */
+ * missing), named as CPython names the function in them: by its
+ * __qualname__, which update_wrapper set to the compiled function's.
+ * Returns -1 with the error set, or 0 for the one valid call with
+ * keywords, inner_fn(args=x). */
 static int
-sc_signature_error(Py_ssize_t nargs, PyObject *kwnames)
+sc_signature_error(PyObject *self, Py_ssize_t nargs, PyObject *kwnames)
 {
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     bool have = nargs >= 1;
-    for (Py_ssize_t i = 0; i < nkw; i++) {
+    const char *what = NULL;
+    PyObject *kw = NULL;
+    for (Py_ssize_t i = 0; i < nkw && what == NULL; i++) {
         PyObject *name = PyTuple_GET_ITEM(kwnames, i);
         if (PyUnicode_CompareWithASCIIString(name, "args") != 0) {
-            PyErr_Format(PyExc_TypeError,
-                         "inner_fn() got an unexpected keyword argument '%U'", name);
-            return -1;
+            what = "%U() got an unexpected keyword argument '%U'";
+            kw = name;
         }
-        if (have) {
-            PyErr_SetString(PyExc_TypeError,
-                            "inner_fn() got multiple values for argument 'args'");
-            return -1;
+        else if (have) {
+            what = "%U() got multiple values for argument 'args'";
         }
         have = true;
     }
-    if (nargs > 1) {
-        PyErr_Format(PyExc_TypeError,
-                     "inner_fn() takes 1 positional argument but %zd were given", nargs);
-        return -1;
+    if (what == NULL && nargs > 1) {
+        what = "%U() takes 1 positional argument but %zd were given";
     }
-    if (!have) {
-        PyErr_SetString(PyExc_TypeError,
-                        "inner_fn() missing 1 required positional argument: 'args'");
-        return -1;
+    if (what == NULL && !have) {
+        what = "%U() missing 1 required positional argument: 'args'";
     }
-    return 0;
+    if (what == NULL) {
+        return 0;
+    }
+    PyObject *qualname = PyObject_GetAttrString(self, "__qualname__");
+    if (qualname != NULL && !PyUnicode_Check(qualname)) {
+        Py_CLEAR(qualname);
+    }
+    if (qualname == NULL) {
+        PyErr_Clear();
+        qualname = PyUnicode_FromString("inner_fn");
+        if (qualname == NULL) {
+            return -1;
+        }
+    }
+    if (kw != NULL) {
+        PyErr_Format(PyExc_TypeError, what, qualname, kw);
+    }
+    else if (nargs > 1 && strstr(what, "takes") != NULL) {
+        PyErr_Format(PyExc_TypeError, what, qualname, nargs);
+    }
+    else {
+        PyErr_Format(PyExc_TypeError, what, qualname);
+    }
+    Py_DECREF(qualname);
+    return -1;
 }
 
 static PyObject *
@@ -532,7 +553,7 @@ SubclassWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
     if (nargs == 1 && (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0)) {
         args = argv[0];
     }
-    else if (sc_signature_error(nargs, kwnames) < 0) {
+    else if (sc_signature_error(op, nargs, kwnames) < 0) {
         return NULL;
     }
     else {

@@ -287,7 +287,10 @@ def _storage_key(t: torch.Tensor):
         return None
     if s.nbytes() == 0:
         return None
-    return (str(t.device), s.data_ptr())
+    try:
+        return (str(t.device), s.data_ptr())
+    except RuntimeError:  # a wrapper subclass's storage has no data (its inner tensors do)
+        return None
 
 
 def _dyn(t):

@@ -97,9 +97,16 @@ def _id(case):
 # Training with a subclass keeps upstream's CompiledFunction (its forward's
 # and backward's Python, the tangent processing, the grads' wrapping): the
 # C CompiledFunction does not cover subclasses yet.
+# An output aliasing a subclass input has no ViewMeta sequence (metadata traced
+# at the subclass level records none), so the runtime wrapper's alias replay
+# calls upstream's gen_alias_from_base for its _view_func branch (2 frames:
+# gen_alias_from_base, patch_requires_grad); csrc/epilogue.c replays in C only
+# a recorded ViewMeta sequence.
 KNOWN = {
     "subclass-f_affine-training": "CompiledFunction: tensor subclass inputs or outputs "
                                   "(upstream's CompiledFunction runs)",
+    "subclass-f_alias-inference": "alias replay without a ViewMeta sequence: upstream's "
+                                  "gen_alias_from_base (_view_func branch)",
 }
 
 

@@ -354,17 +354,22 @@ _OP_NAMES = {
     SC_STRIDE: "append strides {idx} of r{a}{attr}", SC_OUT: "r{a} = outs[{where}]",
     SC_OPT_SKIP: "skip an optional SymInt output (then {a}..{b} remain)",
     SC_DICT: "r{a} = inner tensors {obj}", SC_TUPLE: "r{a} = sizes {obj}",
-    SC_UNFLATTEN: "r{a} = {obj}.__tensor_unflatten__(r{b}, meta, r{c}, r{d})",
+    SC_UNFLATTEN: "r{a} = {obj}.__tensor_unflatten__(r{b}, meta, r{c}{size}, r{d}{stride})",
 }
 
 
 def _op_text(instr) -> str:
     op, a, b, c, d, obj, _obj2, idx = instr
     name = getattr(obj, "__qualname__", obj)
+    if op == SC_TUPLE:
+        name = "(" + ", ".join(repr(v) if r < 0 else f"r{r}" for v, r in zip(obj, idx)) + \
+            ("," if len(idx) == 1 else "") + ")"
     return _OP_NAMES[op].format(
         a=a, b=b, c=c, d=d, obj=name, idx=list(idx),
         attr=f".{obj}" if isinstance(obj, str) else "",
         where="next" if b < 0 else b,
+        size=".size()" if op == SC_UNFLATTEN and idx[0] else "",
+        stride=".stride()" if op == SC_UNFLATTEN and idx[1] else "",
     )
 
 
