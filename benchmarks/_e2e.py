@@ -46,6 +46,16 @@ def mlp_loss(x):
     return _MLP(x).sum()
 
 
+def affine(x):
+    return x * 2 + 1
+
+
+def _two_tensor(shape):
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    return TwoTensor(torch.randn(shape), torch.randn(shape))
+
+
 # row -> (description, requires_grad, context manager factory, backward too);
 # the function and input of each row: FUNCTIONS (default one_op on a 4-vector)
 ROWS: dict[
@@ -83,6 +93,14 @@ ROWS: dict[
 # The inference row and the two training rows again, compiled by inductor (the
 # backend users run): its kernels differ from eager's, so "overhead over eager"
 # there includes what the fused kernels save, alike for upstream and C.
+ROWS["twotensor_no_grad"] = (
+    "x * 2 + 1 on a TwoTensor of 8 elements, requires_grad=False", False,
+    contextlib.nullcontext, False,
+)
+ROWS["twotensor_backward"] = (
+    "y = x * 2 + 1 on a TwoTensor of 8 elements, requires_grad=True; y.backward(g)", True,
+    contextlib.nullcontext, True,
+)
 ROWS["inductor_no_grad_input"] = ROWS["no_grad_input"]
 ROWS["inductor_requires_grad_backward"] = ROWS["requires_grad_backward"]
 ROWS["inductor_mlp_training_step"] = ROWS["mlp_training_step"]
@@ -91,6 +109,13 @@ ROWS["inductor_mlp_training_step"] = ROWS["mlp_training_step"]
 FUNCTIONS: dict[str, tuple[Callable, tuple[int, ...]]] = {
     "mlp_training_step": (mlp_loss, (4, 16)),
     "inductor_mlp_training_step": (mlp_loss, (4, 16)),
+    "twotensor_no_grad": (affine, (8,)),
+    "twotensor_backward": (affine, (8,)),
+}
+# rows whose input is a tensor subclass: its maker
+INPUTS: dict[str, Callable] = {
+    "twotensor_no_grad": _two_tensor,
+    "twotensor_backward": _two_tensor,
 }
 
 
@@ -181,7 +206,7 @@ def build_e2e_case(name: str, *, warmup: int = 5) -> E2ECase:
     description, requires_grad, context, backward = ROWS[name]
     fn, shape = FUNCTIONS.get(name, (one_op, (4,)))
     torch.manual_seed(0)
-    x = torch.randn(shape).requires_grad_(requires_grad)
+    x = INPUTS.get(name, torch.randn)(shape).requires_grad_(requires_grad)
     case = E2ECase(name, description, x, context, backward, eager=fn)
     case.fns["eager"] = fn
     have_c = _cases._C is not None
@@ -209,7 +234,13 @@ def build_e2e_case(name: str, *, warmup: int = 5) -> E2ECase:
 
 
 def build_e2e_cases(names=None) -> dict[str, E2ECase]:
-    return {n: build_e2e_case(n) for n in (names or ROWS)}
+    # TORCH_AOT_RT_BENCH_E2E_ROWS=row,row: only those (callgrind.py passes the
+    # environment to its run under valgrind, where inductor's compiles are slow)
+    import os
+
+    only = os.environ.get("TORCH_AOT_RT_BENCH_E2E_ROWS", "").strip()
+    names = names or ([n for n in only.split(",") if n] if only else ROWS)
+    return {n: build_e2e_case(n) for n in names}
 
 
 def check_c_matches_upstream(case: E2ECase) -> tuple[bool | None, str]:

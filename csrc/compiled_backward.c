@@ -50,6 +50,11 @@ typedef struct {
     Py_ssize_t n_surviving;
     Py_ssize_t *surviving;
     tangent_plan *tangents;    /* n_surviving entries */
+    /* maybe_subclass_meta is set: the prologue's chained tangent leaves
+     * (process_runtime_tangent(...)[1]) and the epilogue's wrap_fn, a
+     * wrap-only _C.SubclassWrapper over grad_input_metas */
+    bool subclass_tangents;
+    PyObject *grads_wrapper;
 } CompiledBackward;
 
 typedef struct {
@@ -153,6 +158,57 @@ process_tangent(CompiledBackward *self, const tangent_plan *t, PyObject *x)
     return first;
 }
 
+/* With a subclass graph, the prologue's
+ *     _fpt = list(chain(process_runtime_tangent(t, m, idx, ...)[1] for ...))
+ * one tangent at a time: its leaves appended to fpt. A plain tensor (and a
+ * non-tensor) is its own one leaf, coerced as in process_tangent; a subclass
+ * tangent goes through upstream's process_runtime_tangent, whose leaves are
+ * its (coerced) inner tensors. */
+static int
+append_tangent_leaves(CompiledBackward *self, const tangent_plan *t, PyObject *x,
+                      PyObject *fpt)
+{
+    rt_state *st = self->st;
+    if (Py_IS_TYPE(x, st->Tensor) && t->kind != TANGENT_PYTHON) {
+        PyObject *leaf = process_tangent(self, t, x);
+        if (leaf == NULL) {
+            return -1;
+        }
+        int rc = PyList_Append(fpt, leaf);
+        Py_DECREF(leaf);
+        return rc;
+    }
+    if (!Py_IS_TYPE(x, st->Tensor)) {
+        int is_tensor = rt_is_tensor(st, x);
+        if (is_tensor < 0) {
+            return -1;
+        }
+        if (!is_tensor) {
+            return PyList_Append(fpt, x);  /* (x, [x]) */
+        }
+    }
+    PyObject *argv[6] = {x, t->meta, t->index, t->desc, self->compile_id, t->stack_trace};
+    PyObject *pair = PyObject_Vectorcall(st->process_runtime_tangent, argv, 6, NULL);
+    if (pair == NULL) {
+        return -1;
+    }
+    PyObject *leaves = PySequence_GetItem(pair, 1);
+    Py_DECREF(pair);
+    if (leaves == NULL) {
+        return -1;
+    }
+    /* chain.from_iterable then list(): any iterable of leaves */
+    PyObject *list = PySequence_List(leaves);
+    Py_DECREF(leaves);
+    if (list == NULL) {
+        return -1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(fpt);
+    int rc = PyList_SetSlice(fpt, n, n, list);
+    Py_DECREF(list);
+    return rc;
+}
+
 /* list.extend(seq) for a borrowed sequence */
 static int
 extend(PyObject *list, PyObject *seq)
@@ -230,7 +286,29 @@ backward_prologue(CompiledBackward *self, PyObject *saved, PyObject *symints,
     if (PyList_SetSlice(grads, 0, PyList_GET_SIZE(grads), NULL) < 0) {
         goto fail;
     }
-    for (Py_ssize_t j = 0; j < self->n_surviving; j++) {
+    if (self->subclass_tangents) {
+        /* all_args = list(all_args[:_ts]) + _fpt + list(all_args[_te:]); the
+         * tangent count was checked against the metas at build */
+        PyObject *fpt = PyList_New(0);
+        if (fpt == NULL) {
+            goto fail;
+        }
+        for (Py_ssize_t j = 0; j < self->n_surviving; j++) {
+            PyObject *x = Py_NewRef(PyList_GET_ITEM(all_args, ts + j));
+            int rc = append_tangent_leaves(self, &self->tangents[j], x, fpt);
+            Py_DECREF(x);
+            if (rc < 0) {
+                Py_DECREF(fpt);
+                goto fail;
+            }
+        }
+        int rc = PyList_SetSlice(all_args, ts, ts + self->n_surviving, fpt);
+        Py_DECREF(fpt);
+        if (rc < 0) {
+            goto fail;
+        }
+    }
+    for (Py_ssize_t j = 0; !self->subclass_tangents && j < self->n_surviving; j++) {
         PyObject *x = PyList_GET_ITEM(all_args, ts + j);
         Py_INCREF(x);
         PyObject *processed = process_tangent(self, &self->tangents[j], x);
@@ -449,6 +527,11 @@ backward_impl(CompiledBackward *self, PyObject *ctx, PyObject *all_args)
         }
     }
     Py_SETREF(out, PyList_AsTuple(out));
+    if (out != NULL && self->grads_wrapper != NULL) {
+        /* _backward_epilogue: `return _wrap_(out)` (make_subclass_override is
+         * None on this path) */
+        Py_SETREF(out, PyObject_Vectorcall(self->grads_wrapper, &out, 1, NULL));
+    }
     return out;
 }
 
@@ -768,6 +851,20 @@ CompiledBackward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (parse_tangents(self, kwargs) < 0) {
         goto fail;
     }
+    bool subclass_tangents;
+    if (rt_plan_bool(kwargs, "subclass_tangents", &subclass_tangents) < 0) {
+        goto fail;
+    }
+    self->subclass_tangents = subclass_tangents;
+    self->grads_wrapper = rt_callable_or_null(kwargs, "grads_wrapper", &err);
+    if (err) {
+        goto fail;
+    }
+    if ((self->grads_wrapper != NULL) != self->subclass_tangents) {
+        PyErr_SetString(PyExc_ValueError,
+                        "plan: grads_wrapper goes with subclass_tangents");
+        goto fail;
+    }
     return (PyObject *)self;
 fail:
     Py_DECREF(self);
@@ -788,6 +885,7 @@ CompiledBackward_traverse(CompiledBackward *self, visitproc visit, void *arg)
     Py_VISIT(self->rng_add);
     Py_VISIT(self->compile_id);
     Py_VISIT(self->compiled_bw);
+    Py_VISIT(self->grads_wrapper);
     if (self->tangents) {
         for (Py_ssize_t j = 0; j < self->n_surviving; j++) {
             tangent_plan *t = &self->tangents[j];
@@ -814,6 +912,7 @@ CompiledBackward_clear(CompiledBackward *self)
     Py_CLEAR(self->rng_add);
     Py_CLEAR(self->compile_id);
     Py_CLEAR(self->compiled_bw);
+    Py_CLEAR(self->grads_wrapper);
     if (self->tangents) {
         for (Py_ssize_t j = 0; j < self->n_surviving; j++) {
             tangent_plan *t = &self->tangents[j];

@@ -101,6 +101,9 @@ typedef struct {
     int tail;                  /* enum sc_tail */
     Py_ssize_t tail_n;         /* its start, or its length from the end */
     bool asserts;              /* the generated function's asserts (not python -O) */
+    /* codegen_backward_subclass_fns' wrap_fn(unwrapped_outs): the argument is
+     * the backward's grads, wrapped by the program; no unwrap, no call */
+    bool wrap_only;
 } SubclassWrapper;
 
 /* ---- per call -------------------------------------------------------- */
@@ -561,6 +564,7 @@ SubclassWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
     }
     PyObject *stack_regs[RT_STACK_ARGS];
     PyObject **r = stack_regs;
+    bool wrap_only = self->wrap_only;
     if (self->n_regs > RT_STACK_ARGS) {
         r = PyMem_Calloc((size_t)self->n_regs, sizeof(PyObject *));
         if (r == NULL) {
@@ -570,18 +574,23 @@ SubclassWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
     else {
         memset(stack_regs, 0, sizeof(stack_regs));
     }
-    PyObject *result = NULL, *outs = NULL;
+    PyObject *result = NULL, *outs = NULL, *flat = NULL;
     Py_INCREF(args);  /* the caller's list, held as the generated frame holds it */
-    PyObject *flat = PyList_New(self->n_appends);
-    if (flat == NULL || sc_run_unwrap(self, args, r, flat) < 0 ||
-        sc_extend_tail(self, args, flat) < 0 || sc_clear_args(self, args) < 0) {
-        goto done;
+    if (wrap_only) {
+        outs = Py_NewRef(args);
     }
-    /* unwrapped_outs = compiled_fn(unwrapped_args); the list stays alive (a
-     * local of the generated function) until the call returns */
-    outs = PyObject_Vectorcall(self->compiled_fn, &flat, 1, NULL);
-    if (outs == NULL) {
-        goto done;
+    else {
+        flat = PyList_New(self->n_appends);
+        if (flat == NULL || sc_run_unwrap(self, args, r, flat) < 0 ||
+            sc_extend_tail(self, args, flat) < 0 || sc_clear_args(self, args) < 0) {
+            goto done;
+        }
+        /* unwrapped_outs = compiled_fn(unwrapped_args); the list stays alive
+         * (a local of the generated function) until the call returns */
+        outs = PyObject_Vectorcall(self->compiled_fn, &flat, 1, NULL);
+        if (outs == NULL) {
+            goto done;
+        }
     }
     Py_ssize_t cursor = 0, n_wrapped = 0;
     if (self->cursor) {
@@ -802,19 +811,23 @@ SubclassWrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"compiled_fn", "n_inputs", "n_regs", "unwrap", "wrap", "results",
                                "cursor", "saved", "count_check", "final_check", "tail",
-                               "tail_n", "asserts", NULL};
+                               "tail_n", "asserts", "wrap_only", NULL};
     PyObject *compiled_fn, *unwrap, *wrap, *results, *count_check;
     Py_ssize_t n_inputs, n_regs, saved, tail_n;
-    int cursor, final_check, tail, asserts;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O$nnO!O!O!pnOpinp:SubclassWrapper", keywords,
-                                     &compiled_fn, &n_inputs, &n_regs, &PyTuple_Type, &unwrap,
-                                     &PyTuple_Type, &wrap, &PyTuple_Type, &results, &cursor,
-                                     &saved, &count_check, &final_check, &tail, &tail_n,
-                                     &asserts)) {
+    int cursor, final_check, tail, asserts, wrap_only = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O$nnO!O!O!pnOpinpp:SubclassWrapper",
+                                     keywords, &compiled_fn, &n_inputs, &n_regs, &PyTuple_Type,
+                                     &unwrap, &PyTuple_Type, &wrap, &PyTuple_Type, &results,
+                                     &cursor, &saved, &count_check, &final_check, &tail,
+                                     &tail_n, &asserts, &wrap_only)) {
         return NULL;
     }
-    if (!PyCallable_Check(compiled_fn)) {
-        PyErr_SetString(PyExc_TypeError, "SubclassWrapper: compiled_fn must be callable");
+    if (wrap_only ? compiled_fn != Py_None || PyTuple_GET_SIZE(unwrap) != 0 || n_inputs != 0
+                  : !PyCallable_Check(compiled_fn)) {
+        PyErr_SetString(PyExc_TypeError,
+                        wrap_only ? "SubclassWrapper: wrap_only takes compiled_fn None and no "
+                                    "inputs"
+                                  : "SubclassWrapper: compiled_fn must be callable");
         return NULL;
     }
     if (n_inputs < 0 || n_regs < 0 || saved < 0 || tail_n < 0 || tail < SC_TAIL_NONE ||
@@ -835,6 +848,7 @@ SubclassWrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->tail = tail;
     self->tail_n = tail_n;
     self->asserts = asserts != 0;
+    self->wrap_only = wrap_only != 0;
     self->count_min = self->count_max = -1;
     char *written = PyMem_Calloc(n_regs ? (size_t)n_regs : 1, 1);
     if (written == NULL) {
@@ -922,5 +936,5 @@ DEFINE_DEALLOC(SubclassWrapper, PyMem_Free(self->results))
 FN_MEMBERS(SubclassWrapper)
 FN_SPEC(SubclassWrapper,
         "SubclassWrapper(compiled_fn, *, n_inputs, n_regs, unwrap, wrap, results, cursor, "
-        "saved, count_check, final_check, tail, tail_n, asserts): "
+        "saved, count_check, final_check, tail, tail_n, asserts, wrap_only): "
         "AOTDispatchSubclassWrapper's generated subclass wrapper in C.")

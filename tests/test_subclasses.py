@@ -137,7 +137,7 @@ def test_aot_eager(device, case, dynamic):
         compile=_compile(dynamic=dynamic),
         device=device,
         calls=3,
-        allow_fallback=CF_FALLBACK if training else None,
+        allow_fallback=None,
     )
     if D.C_ENABLED:
         assert _built(on) >= 1, on.new_fallback_reasons()
@@ -380,7 +380,8 @@ def test_plan_validation():
     from torch_aot_rt._kinds import SC_APPEND, SC_OUT
 
     base = dict(n_inputs=1, n_regs=1, unwrap=(), wrap=(), results=(), cursor=False, saved=0,
-                count_check=None, final_check=False, tail=0, tail_n=0, asserts=True)
+                count_check=None, final_check=False, tail=0, tail_n=0, asserts=True,
+                wrap_only=False)
     with pytest.raises(ValueError, match="read before it is written"):
         _C.SubclassWrapper(lambda a: a, **{**base, "unwrap": ((SC_APPEND, 0, 0, 0, 0, None, None, ()),)})
     with pytest.raises(ValueError, match="not a wrap instruction"):

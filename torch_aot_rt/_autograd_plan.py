@@ -154,6 +154,18 @@ def _backward_plan(cls, spec, rng_state, backward_compiler, release) -> dict:
         _tangent_plan(tangent_metas[j], descs[j], stacks[j] if stacks else None)
         for j in range(len(surviving))
     )
+    # a subclass graph: the prologue chains each tangent's leaves and the
+    # epilogue wraps the grads (_subclass.grads_wrapper, in C)
+    subclass = spec.maybe_subclass_meta
+    grads_wrapper = None
+    if subclass is not None:
+        from . import _subclass
+
+        if len(surviving) != len(tangent_metas):
+            # upstream raises 'The grad inputs should be same number as forward
+            # output tangents' on every backward: let it
+            raise Unsupported("CompiledFunction: subclass tangents and their metas differ in number")
+        grads_wrapper = _subclass.grads_wrapper(subclass.grad_input_metas, release)
     deterministic = meta.deterministic
     return dict(
         cls=cls,
@@ -176,6 +188,8 @@ def _backward_plan(cls, spec, rng_state, backward_compiler, release) -> dict:
         num_backward_tokens=meta.num_backward_tokens,
         surviving=tuple(surviving),
         tangents=tangents,
+        subclass_tangents=subclass is not None,
+        grads_wrapper=grads_wrapper,
     )
 
 
@@ -206,8 +220,6 @@ def install_c_function(cls, spec, release):
     from . import _C
 
     meta = spec.fw_metadata
-    if spec.maybe_subclass_meta is not None:
-        raise Unsupported("CompiledFunction: tensor subclass inputs or outputs")
     if meta.is_rng_op_functionalized:
         raise Unsupported("CompiledFunction: functionalized RNG ops")
     try:

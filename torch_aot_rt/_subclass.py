@@ -327,7 +327,40 @@ def make_plan(compiled_fn, num_fw_outs_saved_for_bw, frozen, runtime_metadata, r
         # the generated source is compiled at the interpreter's optimization
         # level: under -O its asserts are not there
         asserts=not sys.flags.optimize,
+        wrap_only=False,
     )
+
+
+def make_wrap_plan(out_metas, release) -> dict:
+    """Keyword arguments for the wrap-only ``_C.SubclassWrapper`` standing for
+    ``codegen_backward_subclass_fns``' ``wrap_fn(unwrapped_outs)`` (the
+    backward's grads wrapped into subclasses: ``_codegen_subclass_wrap_source``,
+    the output half of the forward's wrapper without activations)."""
+    import torch._functorch._aot_autograd.schemas as schemas
+    import torch._functorch._aot_autograd.subclass_codegen as sc
+
+    if out_metas is None:
+        raise Unsupported("CompiledFunction: subclass grad_input_metas is None")
+    by_cursor = release.subclass_outputs_by_cursor
+    b = _Builder(sc, schemas, by_cursor)
+    out_metas = list(out_metas)
+    if by_cursor:
+        results, count_check = b.wrap_outputs_cursor(out_metas)
+    else:
+        results, _ = b.wrap_outputs_fixed(out_metas)
+        count_check = None
+    return dict(
+        n_inputs=0, n_regs=b.p.n_regs, unwrap=(), wrap=tuple(b.p.wrap), results=tuple(results),
+        cursor=by_cursor, saved=0, count_check=count_check, final_check=by_cursor,
+        tail=SC_TAIL_NONE, tail_n=0, asserts=not sys.flags.optimize, wrap_only=True,
+    )
+
+
+def grads_wrapper(out_metas, release):
+    """The C ``wrap_fn`` for a backward (see :func:`make_wrap_plan`)."""
+    from . import _C
+
+    return _C.SubclassWrapper(None, **make_wrap_plan(out_metas, release))
 
 
 def describe(plan) -> str:
