@@ -60,7 +60,8 @@ enum sc_op {
     SC_OUT = 8,         /* r[a] = outs[b], or outs[cursor++] when b is -1 */
     SC_OPT_SKIP = 9,    /* 2.14's optional SymInt output: later counts a (min), b (max) */
     SC_DICT = 10,       /* r[a] = {obj[k]: r[idx[k]]} */
-    SC_TUPLE = 11,      /* r[a] = obj with each item k where idx[k] >= 0 replaced by r[idx[k]] */
+    SC_TUPLE = 11,      /* r[a] = obj with each item k where idx[k] >= 0 replaced by r[idx[k]]
+                         * (obj itself when no item is: a folded constant) */
     SC_UNFLATTEN = 12,  /* r[a] = obj.__tensor_unflatten__(r[b], obj2, size, stride): size is
                          * r[c], or r[c].size() when idx[0]; stride r[d] or r[d].stride() when idx[1] */
     SC_N_OPS
@@ -374,6 +375,12 @@ sc_run_wrap(SubclassWrapper *self, PyObject *outs, Py_ssize_t n_wrapped, PyObjec
             }
             break;
         case SC_TUPLE:
+            if (in->c) {
+                /* no item from a register: the generated source's `(8, 1)`,
+                 * a constant the compiler folded, the same tuple every call */
+                v = Py_NewRef(in->obj);
+                break;
+            }
             if ((v = PyTuple_New(in->n)) == NULL) {
                 return -1;
             }
@@ -785,10 +792,14 @@ sc_program_parse(PyObject *tuple, const char *what, bool unwrap, Py_ssize_t n_re
             if (ok) written[in->a] = 1;
             break;
         case SC_TUPLE:
-            ok = sc_reg(in->a, n_regs, written, false) && in->obj != NULL && PyTuple_Check(in->obj) &&
+            ok = sc_reg(in->a, n_regs, written, false) && in->obj != NULL && PyTuple_CheckExact(in->obj) &&
                  PyTuple_GET_SIZE(in->obj) == in->n;
+            in->c = 1;  /* constant: no item from a register (computed, not read) */
             for (Py_ssize_t j = 0; ok && j < in->n; j++) {
                 ok = in->idx[j] == -1 || sc_reg(in->idx[j], n_regs, written, true);
+                if (in->idx[j] != -1) {
+                    in->c = 0;
+                }
             }
             if (ok) written[in->a] = 1;
             break;

@@ -158,6 +158,36 @@ def test_dynamic_sizes_change(device):
         assert _built(on) >= 1
 
 
+def test_tangent_of_the_wrong_type_raises_as_upstream(device):
+    """A plain output handed a subclass grad (every output summed into one
+    loss): upstream's process_runtime_tangent raises on the backward; so does
+    ours, with the same error, and the subclass grads that did flow agree."""
+
+    def fn(x, y):
+        return x * y, y + 1
+
+    results = []
+    for use_c in (False, True):
+        torch._dynamo.reset()
+        with D.runtime(use_c):
+            g = torch.compile(fn, backend="aot_eager", fullgraph=True)
+            for k in range(2):
+                torch.manual_seed(k)
+                x = _two((4,), device, requires_grad=True)
+                y = torch.randn(4, device=device, requires_grad=True)
+                a, b = g(x, y)
+                try:
+                    (a.sum() + b.sum()).backward()
+                except RuntimeError as e:
+                    results.append((use_c, k, type(e).__name__, str(e)))
+                else:
+                    results.append((use_c, k, None, None))
+    off = [r[1:] for r in results if not r[0]]
+    on = [r[1:] for r in results if r[0]]
+    assert off == on
+    assert off[0][1] == "RuntimeError", off
+
+
 # ---------------------------------------------------------------------------
 # nested jagged tensors
 
