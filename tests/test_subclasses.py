@@ -247,6 +247,63 @@ def test_nested_jagged(device, training):
 
 
 # ---------------------------------------------------------------------------
+# DTensor, on a one-process gloo group (in a subprocess: the process group
+# and device mesh are global state)
+
+_DTENSOR_SCRIPT = r"""
+import json, os, socket, torch, torch_aot_rt
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Shard, init_device_mesh
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+dist.init_process_group("gloo", rank=0, world_size=1)
+mesh = init_device_mesh("cpu", (1,))
+runs = {}
+for use_c in (False, True):
+    torch._dynamo.reset()
+    before = torch_aot_rt.stats()
+    with torch_aot_rt.enabled(use_c):
+        f = torch.compile(lambda x: (x * 2 + 1, x.sin()), backend="aot_eager", fullgraph=True)
+        out = []
+        for k in range(3):
+            torch.manual_seed(k)
+            x = DTensor.from_local(torch.randn(8, 2), mesh, [Shard(0)]).detach().requires_grad_()
+            y, z = f(x)
+            (y.sum() + z.sum()).backward()
+            out.append([type(y).__name__, str(y.placements), y.to_local().tolist(),
+                        z.to_local().tolist(), y.requires_grad, type(y.grad_fn).__name__,
+                        type(x.grad).__name__, str(x.grad.placements), x.grad.to_local().tolist()])
+    after = torch_aot_rt.stats()
+    runs[str(use_c)] = dict(out=out, built={k: after[k] - before[k] for k in
+                            ("subclass_wrappers", "autograd_functions", "runtime_wrappers")},
+                            fallbacks=after["fallback_reasons"])
+dist.destroy_process_group()
+print(json.dumps(runs))
+"""
+
+
+@pytest.mark.skipif(not D.C_ENABLED, reason="needs the C path")
+def test_dtensor_one_process_gloo():
+    import json
+    import subprocess
+
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    r = subprocess.run([sys.executable, "-c", _DTENSOR_SCRIPT], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    runs = json.loads(r.stdout.strip().splitlines()[-1])
+    assert runs["False"]["out"] == runs["True"]["out"]
+    assert runs["False"]["built"] == {"subclass_wrappers": 0, "autograd_functions": 0,
+                                      "runtime_wrappers": 0}, runs["False"]
+    assert runs["True"]["built"] == {"subclass_wrappers": 1, "autograd_functions": 1,
+                                     "runtime_wrappers": 1}, runs["True"]
+    assert runs["True"]["fallbacks"] == {}, runs["True"]
+
+
+# ---------------------------------------------------------------------------
 # AOTAutogradCache
 
 BUNDLED_CACHE = {
