@@ -485,6 +485,47 @@ def test_plan_validation():
 
 
 # ---------------------------------------------------------------------------
+# TORCH_TRACE: the subclass_wrapper artifact
+
+
+@pytest.mark.skipif(not D.C_ENABLED, reason="needs the C path")
+def test_trace_artifact_in_upstreams_place(monkeypatch, device):
+    """Where upstream logs the generated source as ``subclass_wrapper`` (its own
+    artifact on 2.13/2.14, a ``# subclass_wrapper`` block of 2.15's aggregated
+    one), the C path logs the description of its program."""
+    import torch._logging
+
+    seen = {}
+    for use_c in (False, True):
+        calls = seen[use_c] = []
+
+        def fake(kind, metadata_fn=None, payload_fn=None, **kw):
+            if kind == "artifact" and metadata_fn is not None:
+                name = metadata_fn().get("name")
+                calls.append((name, str(payload_fn()) if payload_fn is not None else ""))
+
+        monkeypatch.setattr(torch._logging, "trace_structured", fake)
+        torch._dynamo.reset()
+        with D.runtime(use_c):
+            torch.compile(f_affine, backend="aot_eager", fullgraph=True)(_two((8,), device))
+        monkeypatch.undo()
+
+    def subclass_payloads(calls):
+        out = []
+        for name, payload in calls:
+            if name == "subclass_wrapper":
+                out.append(payload)
+            elif "# subclass_wrapper\n" in payload:
+                out.append(payload.split("# subclass_wrapper\n", 1)[1])
+        return out
+
+    theirs, ours = subclass_payloads(seen[False]), subclass_payloads(seen[True])
+    assert len(theirs) == len(ours) == 1, (seen[False], seen[True])
+    assert "def inner_fn(args):" in theirs[0]
+    assert "SubclassWrapper" in ours[0] and "__tensor_unflatten__" in ours[0], ours[0]
+
+
+# ---------------------------------------------------------------------------
 # fallbacks and the switch
 
 
