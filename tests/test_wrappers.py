@@ -754,3 +754,64 @@ def test_replaced_and_restored():
         ours = cls.__dict__["post_compile"]
         assert ours is not _upstream_post_compile(cls)
         assert ours.__wrapped__ is _upstream_post_compile(cls)
+
+
+# ---------------------------------------------------------------------------
+# no Python frame of torch/_functorch/ in a steady-state call
+
+
+def _functorch_frames(call) -> list:
+    """The Python functions of AOTAutograd's runtime (torch/_functorch/_aot_autograd/)
+    that ``call()`` runs (aot_function's own pytree layer, aot_autograd.py's
+    returned_function and its PytreeThunk, is not part of it)."""
+    seen = []
+
+    def profile(frame, event, arg):
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if (event == "call" and "torch/_functorch/_aot_autograd/" in path
+                and not frame.f_code.co_qualname.startswith("PytreeThunk.")):
+            seen.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+@pytest.mark.parametrize("case", ["dedupe", "synthetic_base", "effect_tokens"])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_steady_state_runs_no_functorch_frame(case, requires_grad):
+    fn, make = {
+        "dedupe": (f_dupe_mutated, lambda: (lambda x: (x, x))(_leafish(requires_grad))),
+        "synthetic_base": (f_alias_mutated, lambda: _aliased("cpu", requires_grad).args),
+        "effect_tokens": (f_print, lambda: (torch.randn(3, requires_grad=requires_grad),)),
+    }[case]
+    counts = {}
+    for use_c in (False, True):
+        compiled = aot_function(fn, fw_compiler=D.observing_compiler("fw"),
+                                bw_compiler=D.observing_compiler("bw"),
+                                keep_inference_input_mutations=True)
+
+        def step():
+            out = compiled(*make())
+            out = [out] if isinstance(out, torch.Tensor) else list(out)
+            if requires_grad:
+                # contiguous grads: tangent coercion (a known Python path of the
+                # C backward for expanded grads) is not what this test is about
+                torch.autograd.backward(out, [torch.ones_like(o) for o in out])
+
+        with D.runtime(use_c):  # aot_function compiles at the first call
+            step()
+            step()
+        counts[use_c] = _functorch_frames(step)
+    assert counts[False], "upstream ran no torch/_functorch frame: the test cannot fail"
+    if D.C_ENABLED:
+        assert counts[True] == [], counts[True]
+
+
+def _leafish(requires_grad):
+    if requires_grad:
+        return torch.randn(4, requires_grad=True).clone()
+    return torch.randn(4)
