@@ -110,7 +110,8 @@ def _call_record(fn, args):
     return {"out": _ids(out), "args_after": _ids(args)}
 
 
-_NAMES: dict = {}
+def _raise(args):
+    raise RuntimeError("the compiled graph raised")
 
 
 def _ids(x):
@@ -122,20 +123,25 @@ def _ids(x):
     return x if x is None or isinstance(x, (int, float, str, dict)) else repr(type(x))
 
 
-def _leak_check(fn, make_args, n=200):
-    """No reference to the arguments, or anything else, is kept per call."""
+def _leak_check(fn, make_args, watch=(), n=200):
+    """No reference to the arguments (``watch``: the objects they hold), or to
+    anything else, is kept per call, whether the call returns or raises."""
+    def call():
+        try:
+            fn(make_args())
+        except Exception:  # noqa: BLE001 - error paths must not leak either
+            pass
+
     for _ in range(5):
-        fn(make_args())
+        call()
     gc.collect()
-    probe = torch.randn(2)
-    rc = sys.getrefcount(probe)
+    rcs = [sys.getrefcount(w) for w in watch]
     total0 = sys.gettotalrefcount() if hasattr(sys, "gettotalrefcount") else None
     objs0 = len(gc.get_objects())
     for _ in range(n):
-        args = make_args()
-        fn(args)
+        call()
     gc.collect()
-    assert sys.getrefcount(probe) == rc
+    assert [sys.getrefcount(w) for w in watch] == rcs
     if total0 is not None:
         assert sys.gettotalrefcount() - total0 < n
     assert len(gc.get_objects()) - objs0 < n // 4, len(gc.get_objects()) - objs0
@@ -415,7 +421,10 @@ def test_dedupe_direct_plain_and_leaks():
     compiled.seen.clear()
     compiled.result = lambda args: None
     compiled.seen = types.SimpleNamespace(append=lambda v: None)
-    _leak_check(ours, lambda: [x, x, y, y])
+    _leak_check(ours, lambda: [x, x, y, y], (x, y))
+    _leak_check(ours, lambda: [x, y, y, y], (x, y))  # upstream's AssertionError
+    compiled.result = _raise
+    _leak_check(ours, lambda: [x, x, y, y], (x, y))  # the graph raises
 
 
 def _tokens_pair(n, result):
@@ -451,7 +460,9 @@ def test_effect_tokens_direct_leaks():
     x = torch.randn(2)
     _, ours, compiled = _tokens_pair(1, lambda args: [None, x])
     compiled.seen = types.SimpleNamespace(append=lambda v: None)
-    _leak_check(ours, lambda: [x, x])
+    _leak_check(ours, lambda: [x, x], (x,))
+    compiled.result = _raise
+    _leak_check(ours, lambda: [x, x], (x,))
 
 
 def _synthetic_wrapper(groups, other, meta_mut=()):
@@ -564,8 +575,14 @@ def test_synthetic_base_direct_leaks():
                           None)
     root = torch.randn(8)
     compiled.seen = types.SimpleNamespace(append=lambda v: None)
-    _leak_check(ours, lambda: [root[:4], root[4:], 1])
+    _leak_check(ours, lambda: [root[:4], root[4:], 1], (root,))
     _leak_check(ours, lambda: [torch.randn(3), torch.randn(3), 1])  # storage bases
+    compiled.result = _raise
+    _leak_check(ours, lambda: [root[:4], root[4:], 1], (root,))
+    _, ours = _build_pair(_synthetic_wrapper({0: [0, 1]}, [2], (0,)), compiled, _aot_config(),
+                          None)
+    compiled.result = lambda args: [args[0] * 2, args[0][:2]]
+    _leak_check(ours, lambda: [root[:4], root[4:], 1], (root,))  # metadata mutation
 
 
 # ---------------------------------------------------------------------------
@@ -640,7 +657,7 @@ def test_rng_direct_leaks():
         _, ours = _build_pair(lambda: rw.FunctionalizedRngRuntimeWrapper(), compiled,
                               _aot_config(), meta)
     x = torch.randn(2)
-    _leak_check(ours, lambda: [x])
+    _leak_check(ours, lambda: [x], (x, seed, offset))
 
 
 # ---------------------------------------------------------------------------
