@@ -832,3 +832,41 @@ def _leafish(requires_grad):
     if requires_grad:
         return torch.randn(4, requires_grad=True).clone()
     return torch.randn(4)
+
+
+# ---------------------------------------------------------------------------
+# AOTAutogradCache: a hit runs the wrappers' post_compile again
+
+
+@pytest.mark.inductor
+def test_autograd_cache_hit():
+    # (graphs with effect tokens are not saved to the cache: always a miss)
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import fresh_cache
+
+    fn, make = f_alias_mutated, lambda: _aliased("cpu", False).args
+
+    def step(use_c, expect):
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        before = torch_aot_rt.stats()
+        args = make()
+        with D.runtime(use_c):
+            compiled = torch.compile(fn, backend="inductor", fullgraph=True)
+            outs = [compiled(*args) for _ in range(2)]
+        got = {k: v for k, v in counters["aot_autograd"].items() if "autograd_cache" in k}
+        assert got.get(expect) == 1, got
+        after = torch_aot_rt.stats()
+        if D.C_ENABLED:
+            assert after["wrappers"] - before["wrappers"] == (1 if use_c else 0), after
+            assert after["fallback_reasons"] == before["fallback_reasons"], after
+        return [D.TensorValue(t) for o in outs for t in o], [D.TensorValue(a) for a in args]
+
+    with torch._functorch.config.patch(enable_autograd_cache=True), \
+            torch._inductor.config.patch(fx_graph_cache=True), fresh_cache():
+        ref = step(False, "autograd_cache_miss")
+        hit_on = step(True, "autograd_cache_hit")
+        hit_off = step(False, "autograd_cache_hit")
+    D.assert_same(ref, hit_on, "hit with C")
+    D.assert_same(ref, hit_off, "hit without")
