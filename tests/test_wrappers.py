@@ -876,3 +876,81 @@ def test_autograd_cache_hit():
         hit_off = step(False, "autograd_cache_hit")
     D.assert_same(ref, hit_on, "hit with C")
     D.assert_same(ref, hit_off, "hit without")
+
+
+# ---------------------------------------------------------------------------
+# TORCH_TRACE: the wrappers' generated sources are logged as upstream logs them
+
+_TRACE_PROGRAM = r'''
+import torch
+import torch_aot_rt  # noqa: F401 (TORCH_AOT_RT decides whether it acts)
+from functorch.compile import aot_function, nop
+
+def dupe(a, b):
+    a.mul_(2)
+    return a + b
+
+def alias(a, b):
+    a.mul_(2)
+    return a + 1, b * 3
+
+def effect(x):
+    torch.ops.aten._print("traced")
+    return x + 1
+
+x = torch.randn(4)
+aot_function(dupe, nop, keep_inference_input_mutations=True)(x, x)
+base = torch.randn(6)
+aot_function(alias, nop, keep_inference_input_mutations=True)(base[:4], base[2:])
+torch.compile(effect, backend="aot_eager")(torch.randn(3))
+'''
+_TRACED = ("dedup_wrapper", "synthetic_base_wrapper", "effect_tokens_wrapper")
+
+
+def _wrapper_sources(trace_dir) -> list:
+    """[(name, source)] of the three wrappers' generated sources, in log order:
+    their own artifacts (2.13, 2.14) or blocks of 2.15's aggregated one."""
+    import glob
+    import json
+    import os
+
+    out = []
+    for path in sorted(glob.glob(os.path.join(trace_dir, "*.log"))):
+        with open(path) as f:
+            lines = f.read().splitlines()
+        for i, line in enumerate(lines):
+            start = line.find("{")
+            if start < 0 or '"artifact"' not in line:
+                continue
+            name = json.loads(line[start:])["artifact"]["name"]
+            payload = []
+            for more in lines[i + 1:]:
+                if not more.startswith("\t"):
+                    break
+                payload.append(more[1:])
+            text = "\n".join(payload)
+            if name in _TRACED:
+                out.append((name, text))
+            elif name == "aot_autograd_runtime_wrappers":
+                parts = re.split(r"(?:\A|\n\n)# ([A-Za-z_][A-Za-z0-9_]*)\n", text)
+                out += [(b, t) for b, t in zip(parts[1::2], parts[2::2]) if b in _TRACED]
+    return out
+
+
+@pytest.mark.needs_c
+def test_trace_artifacts_are_upstreams(tmp_path):
+    import os
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = {}
+    for on in (False, True):
+        trace_dir = tmp_path / str(on)
+        trace_dir.mkdir()
+        env = dict(os.environ, TORCH_TRACE=str(trace_dir), TORCH_AOT_RT="1" if on else "0",
+                   PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+        subprocess.run([sys.executable, "-c", _TRACE_PROGRAM], env=env, check=True,
+                       timeout=600, capture_output=True)
+        found[on] = _wrapper_sources(str(trace_dir))
+    assert [n for n, _ in found[False]] == list(_TRACED), found[False]
+    assert found[True] == found[False]
