@@ -954,3 +954,32 @@ def test_trace_artifacts_are_upstreams(tmp_path):
         found[on] = _wrapper_sources(str(trace_dir))
     assert [n for n, _ in found[False]] == list(_TRACED), found[False]
     assert found[True] == found[False]
+
+
+@pytest.mark.needs_c
+def test_reference_cycles_are_collected():
+    # each C object traverses what it holds: a cycle through the compiled
+    # function it calls is freed by the garbage collector
+    import weakref
+
+    from torch_aot_rt import _C
+
+    def make_all(compiled):
+        cell = types.CellType
+        return [
+            _C.DedupeWrapper(compiled, compiled, (0,), (0, 0)),
+            _C.EffectTokensWrapper(compiled, compiled, 1),
+            _C.SyntheticBaseWrapper(compiled, compiled, torch, ((0, 1),), (2,), (0,)),
+            _C.RngWrapper(compiled, compiled, compiled, compiled, compiled, 0, True),
+            _C.FakifiedOutWrapper(compiled, cell(compiled), cell(None)),
+            _C.DebugAssertWrapper(compiled, compiled, torch.Tensor, ((0, True, "m"),)),
+        ]
+
+    for k in range(6):
+        compiled = Recorder(lambda args: args)
+        ours = make_all(compiled)[k]
+        compiled.back = ours  # the cycle
+        ref = weakref.ref(ours)
+        del ours, compiled
+        gc.collect()
+        assert ref() is None, k
