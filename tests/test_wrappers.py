@@ -27,7 +27,7 @@ from unittest import mock
 import pytest
 import torch
 import torch._functorch._aot_autograd.runtime_wrappers as rw
-from functorch.compile import aot_function, nop
+from functorch.compile import aot_function
 
 import _differential as D
 import torch_aot_rt
