@@ -64,7 +64,10 @@ def stats() -> dict:
     CompiledFunction classes built; ``guards``: Dynamo saved-tensor-hooks
     guards built with the C check; ``serializable_functions``:
     SerializableCompiledFunctions given the C ``__call__``; ``params_prepends``:
-    ``aot_module_simplified`` forwards made C ``ParamsPrepend``s; ``fallbacks``: builds that went to upstream,
+    ``aot_module_simplified`` forwards made C ``ParamsPrepend``s; ``wrappers``: the
+    other compiler wrappers' generated functions (dedupe, synthetic base, effect
+    tokens, functionalized RNG, fakified outputs, debug asserts) made C objects;
+    ``fallbacks``: builds that went to upstream,
     with ``fallback_reasons`` mapping each reason to its count. ``torch``: the
     installed version, the verified release whose semantics the C path uses
     (None when it is inactive), whether that is by the
