@@ -15,8 +15,17 @@ with one argument. ``params_prepend``: ``aot_module_simplified``'s own
 ``compiled_fn``) against ``_C.ParamsPrepend`` over the same cells, called with
 one argument. ``dynamo_disable``: ``torch._dynamo.disable`` of a trivial
 function (upstream's ``_fn``) against ``_C.DisabledCall`` over that wrapper,
-called with one argument, default stance. ``direct`` is an empty call, the
-loop's own cost, except for ``subclass_*``: AOTDispatchSubclassWrapper's
+called with one argument, default stance. ``dedupe``, ``synthetic_base``,
+``effect_tokens``: the function ``AOTDedupeWrapper`` / ``AOTSyntheticBaseWrapper``
+/ ``EffectTokensWrapper``'s ``post_compile`` returns (upstream's, built by
+upstream's method; ours, ``_C.DedupeWrapper`` / ``SyntheticBaseWrapper`` /
+``EffectTokensWrapper``, built by ``torch_aot_rt/_wrappers.py``'s) around a
+trivial boxed ``compiled_fn`` that is a C callable (``functools.partial(list)``:
+in a compiled program the next layer is the C runtime wrapper), called with a fresh list as the next layer
+calls it: ``[x, x, y]`` compiled for a duplicate (the check, then ``[x, y]``);
+two views of one tensor (one synthetic base from their ``_base``) and a
+third tensor; one effect token. ``direct`` is an empty call, the loop's own
+cost, except for ``subclass_*``: AOTDispatchSubclassWrapper's
 per-call wrapper (upstream's generated Python, ``_C.SubclassWrapper``) around
 the compiled graph of ``x * 2 + 1`` on a TwoTensor of 8 elements (a trivial
 function returning that graph's outputs stands for the graph), whose
@@ -38,6 +47,9 @@ ROWS = {
     "serializable_call": "SerializableCompiledFunction(f)(x)",
     "params_prepend": "aot_module_simplified's forward(x), one param",
     "dynamo_disable": "torch._dynamo.disable(f)(x), as around the compiled backward",
+    "dedupe": "AOTDedupeWrapper's fn([x, x, y]), one duplicate",
+    "synthetic_base": "AOTSyntheticBaseWrapper's fn([a, b, y]), a, b views of one base",
+    "effect_tokens": "EffectTokensWrapper's fn([x]), one token",
     "subclass_inference": "subclass wrapper, x * 2 + 1 on a TwoTensor(8), inference graph",
     "subclass_training": "subclass wrapper, x * 2 + 1 on a TwoTensor(8), training forward graph",
     "subclass_own_code": "what both wrappers call of TwoTensor's own per output: "
@@ -156,6 +168,72 @@ def _disable_runs(rt):
     return (lambda: up_fn(1)), (lambda: c_fn(1))
 
 
+def _wrapper_pair(rt, cls, make_wrapper, meta):
+    """(upstream's function, ours) from ``cls.post_compile`` on the same wrapper."""
+    import functools
+    import types
+
+    from torch_aot_rt import _install, _state
+
+    _install.install()
+    (replaced,) = [r for r in _state.installed["replaced"]
+                   if r.owner is cls and r.name == "post_compile"]
+
+    # a C callable, as the next layer is in practice (the C runtime wrapper):
+    # from C, calling a Python function costs a new interpreter frame that a
+    # Python caller does not pay, and would dominate the comparison
+    trivial = functools.partial(list)
+    trivial._boxed_call = True
+    config = types.SimpleNamespace(aot_id=0, num_params_buffers=0)
+    up_fn = replaced.upstream(make_wrapper(), trivial, config, runtime_metadata=meta)
+    with rt.enabled(True):
+        c_fn = replaced.ours(make_wrapper(), trivial, config, runtime_metadata=meta)
+    return up_fn, c_fn
+
+
+def _dedupe_runs(rt):
+    import torch
+    import torch._functorch._aot_autograd.runtime_wrappers as rw
+
+    up_fn, c_fn = _wrapper_pair(
+        rt, rw.AOTDedupeWrapper,
+        lambda: rw.AOTDedupeWrapper(keep_arg_mask=[True, False, True], add_dupe_map=[0, 0, 1]),
+        None)
+    x, y = torch.ones(1), torch.ones(2)
+    ok = isinstance(c_fn, _cases._C.DedupeWrapper)
+    return (lambda: len(up_fn([x, x, y]))), (lambda: len(c_fn([x, x, y]))) if ok else None
+
+
+def _synthetic_base_runs(rt):
+    import torch
+    import torch._functorch._aot_autograd.runtime_wrappers as rw
+
+    def make():
+        w = rw.AOTSyntheticBaseWrapper(trace_joint=False)
+        w.base_groups[0] = [0, 1]
+        w.other_arg_indices = [2]
+        return w
+
+    up_fn, c_fn = _wrapper_pair(rt, rw.AOTSyntheticBaseWrapper, make, None)
+    root = torch.ones(4)
+    a, b, y = root[:2], root[2:], torch.ones(1)
+    ok = isinstance(c_fn, _cases._C.SyntheticBaseWrapper)
+    return (lambda: len(up_fn([a, b, y]))), (lambda: len(c_fn([a, b, y]))) if ok else None
+
+
+def _effect_tokens_runs(rt):
+    import types
+
+    import torch
+    import torch._functorch._aot_autograd.runtime_wrappers as rw
+
+    meta = types.SimpleNamespace(tokens={0: None})
+    up_fn, c_fn = _wrapper_pair(rt, rw.EffectTokensWrapper, rw.EffectTokensWrapper, meta)
+    x = torch.ones(1)
+    ok = isinstance(c_fn, _cases._C.EffectTokensWrapper)
+    return (lambda: len(up_fn([x]))), (lambda: len(c_fn([x]))) if ok else None
+
+
 def _subclass_runs(rt, training: bool):
     """AOTDispatchSubclassWrapper.post_compile's wrapper, upstream's generated
     Python and ours, built from the same arguments (captured from a compile of
@@ -232,6 +310,9 @@ _BUILDERS = {
     "serializable_call": _serializable_runs,
     "params_prepend": _prepend_runs,
     "dynamo_disable": _disable_runs,
+    "dedupe": _dedupe_runs,
+    "synthetic_base": _synthetic_base_runs,
+    "effect_tokens": _effect_tokens_runs,
 }
 
 

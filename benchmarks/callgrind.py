@@ -88,7 +88,8 @@ def _loop(run, n):
 # inside valgrind
 
 
-def inner_toggle(helper: str, case_names, calls: int, e2e: bool, function: bool) -> None:
+def inner_toggle(helper: str, case_names, calls: int, e2e: bool, function: bool,
+                 layers_only: bool = False) -> None:
     import contextlib
     import gc
 
@@ -97,7 +98,9 @@ def inner_toggle(helper: str, case_names, calls: int, e2e: bool, function: bool)
     lib = ctypes.CDLL(helper)
     lib.cg_dump.argtypes = [ctypes.c_char_p]
     groups = [("wrapper", _cases.build_cases(case_names), contextlib.nullcontext)]
-    if function:
+    if layers_only:
+        groups = []
+    if function and not layers_only:
         from benchmarks import _function
 
         groups.append(
@@ -189,7 +192,8 @@ def _read_dump(path: str) -> tuple[str | None, int]:
     return label, total or 0
 
 
-def measure_toggle(helper, case_names, calls, e2e, function=True, keep=None):
+def measure_toggle(helper, case_names, calls, e2e, function=True, keep=None,
+                   layers_only=False):
     """{(group, name, variant): Ir per call}, notes. ``keep``: a directory
     to copy the dump files to."""
     with tempfile.TemporaryDirectory() as d:
@@ -199,6 +203,8 @@ def measure_toggle(helper, case_names, calls, e2e, function=True, keep=None):
             inner.append("--e2e")
         if function:
             inner.append("--function")
+        if layers_only:
+            inner.append("--layers-only")
         notes = _valgrind(out, inner, instr_atstart=False)
         if keep:
             os.makedirs(keep, exist_ok=True)
@@ -271,7 +277,7 @@ def _table(title, per_call, group, names, variants, base):
 
 
 def report(cases=None, calls: int = 2000, e2e: bool = True, function: bool = True,
-           keep: str | None = None) -> dict:
+           keep: str | None = None, layers_only: bool = False) -> dict:
     from benchmarks import _cases
 
     case_names = list(cases or _cases.CONFIGS)
@@ -282,7 +288,8 @@ def report(cases=None, calls: int = 2000, e2e: bool = True, function: bool = Tru
         helper = build_helper(d)
         if helper is not None:
             method = "instrumentation on only around the calls (client requests)"
-            per_call, notes = measure_toggle(helper, case_names, calls, e2e, function, keep)
+            per_call, notes = measure_toggle(helper, case_names, calls, e2e, function, keep,
+                                             layers_only)
         else:
             method = "whole-process counts minus a 0-call run (runtime wrapper rows only)"
             per_call, notes = measure_whole(case_names, calls)
@@ -292,9 +299,10 @@ def report(cases=None, calls: int = 2000, e2e: bool = True, function: bool = Tru
         f"{calls} calls per variant, minus a 0-call dump; {method}; "
         "overhead = variant - baseline; ratio = C overhead / upstream overhead"
     )
-    _table("-- runtime wrapper alone --", per_call, "wrapper", case_names,
-           _cases.VARIANTS, "direct")
-    if function:
+    if not layers_only:
+        _table("-- runtime wrapper alone --", per_call, "wrapper", case_names,
+               _cases.VARIANTS, "direct")
+    if function and not layers_only:
         from benchmarks import _function
 
         _table("-- CompiledFunction alone (fw: boxed apply; fw+bw: + torch.autograd.backward) --",
@@ -327,19 +335,24 @@ def main(argv=None):
     p.add_argument("--no-function", action="store_true",
                    help="skip the CompiledFunction rows")
     p.add_argument("--keep", metavar="DIR", help="keep the callgrind dumps in DIR")
+    p.add_argument("--layers-only", action="store_true",
+                   help="only the other per-call layers (no wrapper, CompiledFunction or "
+                        "end-to-end rows)")
     p.add_argument("--inner-toggle", metavar="HELPER", help=argparse.SUPPRESS)
     p.add_argument("--e2e", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--function", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--inner-whole", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.inner_toggle:
-        inner_toggle(args.inner_toggle, args.cases, args.calls, args.e2e, args.function)
+        inner_toggle(args.inner_toggle, args.cases, args.calls, args.e2e, args.function,
+                     args.layers_only)
     elif args.inner_whole:
         name, variant, calls = args.inner_whole
         inner_whole(name, variant, int(calls))
     else:
-        report(args.cases, args.calls, e2e=not args.no_e2e, function=not args.no_function,
-               keep=args.keep)
+        report(args.cases, args.calls, e2e=not args.no_e2e and not args.layers_only,
+               function=not args.no_function or args.layers_only, keep=args.keep,
+               layers_only=args.layers_only)
 
 
 if __name__ == "__main__":

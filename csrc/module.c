@@ -107,7 +107,10 @@ module_exec(PyObject *module)
     if (PyModule_AddType(module, st->RuntimeWrapperType) < 0) {
         return -1;
     }
-    return rt_autograd_types_init(module, st);
+    if (rt_autograd_types_init(module, st) < 0) {
+        return -1;
+    }
+    return rt_wrapper_types_init(module);
 }
 
 static int

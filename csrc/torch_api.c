@@ -106,7 +106,7 @@ rt_state_init(rt_state *st)
         !st->prologue_range_name) {
         return -1;
     }
-    return 0;
+    return rt_wrappers_state_init(&st->wrappers);
 }
 #undef INTERN
 
@@ -390,6 +390,10 @@ rt_state_traverse(rt_state *st, visitproc visit, void *arg)
         Py_VISIT(st->parameter_methods[m]);
         Py_VISIT(st->method_names[m]);
     }
+    int rc = rt_wrappers_state_traverse(&st->wrappers, visit, arg);
+    if (rc != 0) {
+        return rc;
+    }
     return rt_disable_traverse(&st->disable, visit, arg);
 }
 
@@ -405,6 +409,7 @@ rt_state_clear(rt_state *st)
         Py_CLEAR(st->method_names[m]);
     }
     rt_disable_clear(&st->disable);
+    rt_wrappers_state_clear(&st->wrappers);
     st->cpp = st->cpp_loaded = NULL; /* its capsule was cleared above */
     st->bound = 0;
 }

@@ -20,6 +20,7 @@
 
 #include "dynamo_disable.h"
 #include "torch_cpp_api.h"
+#include "wrappers.h"
 
 /* Tensor methods the epilogue calls, looked up on the class once. */
 enum rt_tensor_method {
@@ -150,6 +151,8 @@ typedef struct rt_state {
     Py_ssize_t node_counts[RT_NODE_N_DECLINED];
     /* torch._dynamo.disable's wrapper (dynamo_disable.c) */
     rt_disable_state disable;
+    /* the other compiler wrappers (wrappers.h) */
+    rt_wrappers_state wrappers;
 
     /* interned names and prebuilt constants */
     PyObject *str_to_save;

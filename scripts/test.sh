@@ -4,6 +4,7 @@
 # .venv-2.14, ...), each with a fresh build of the C extension.
 #   bash scripts/test.sh                          # everything, every release and canary
 #   bash scripts/test.sh -k mutation -x           # extra arguments go to pytest (every run)
+#   bash scripts/test.sh tests/test_cpp.py -x      # test paths (tests/...) replace the default tests/
 #   TORCH_AOT_RT_TORCH=2.14.1 bash scripts/test.sh  # one release (or canary) only
 # On each release the suite runs twice: with the C++ part (csrc/cpp/, built for that
 # torch) and with the C core alone (TORCH_AOT_RT_CPP=0). Setting TORCH_AOT_RT_CPP
@@ -82,14 +83,21 @@ tag_of() {
 run_config() {
     local version="$1" cpp="$2" rc=0
     shift 2
-    local -a canary_args=()
+    local -a canary_args=() where=(tests) arg
     if is_canary "$version"; then canary_args=(--require-marker canary); fi
+    # Test files or node ids among the arguments replace the default `tests`
+    # (pytest would otherwise collect both: the whole suite and the file).
+    for arg in "$@"; do
+        case "$arg" in
+            tests/*) where=() ;;
+        esac
+    done
     (
         torch_env "$version"
         # TORCH_AOT_RT_CANARY=1 tells the suite it must find an unverified torch.
         if is_canary "$version"; then export TORCH_AOT_RT_CANARY=1; fi
         export TORCH_AOT_RT_CPP="$cpp" PYTHONPATH="$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}"
-        run_py -m pytest -p pytest_require_tests tests -q "${canary_args[@]}" "$@" </dev/null
+        run_py -m pytest -p pytest_require_tests "${where[@]}" -q "${canary_args[@]}" "$@" </dev/null
     ) || rc=$?
     if [ "$rc" -eq 5 ] && is_canary "$version"; then
         echo "test.sh: pytest ran no tests, or no test marked canary ($(label_of "$version" "$cpp"), exit 5): counted as a failure" >&2

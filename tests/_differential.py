@@ -711,7 +711,7 @@ def check_inactive(before: dict, after: dict) -> None:
     from torch_aot_rt import _C as c_module
 
     for key in ("runtime_wrappers", "autograd_functions", "guards", "serializable_functions",
-                "params_prepends", "subclass_wrappers", "fallbacks"):
+                "params_prepends", "wrappers", "subclass_wrappers", "fallbacks"):
         assert after[key] == before[key] == 0, (key, before, after)
     assert after["fallback_reasons"] == {}, after["fallback_reasons"]
     assert set(c_module._node_stats().values()) <= {0}, c_module._node_stats()

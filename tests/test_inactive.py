@@ -166,7 +166,7 @@ def _check_untouched(result: dict, reason_part: str) -> dict:
     assert reason_part in stats["torch"]["inactive"], stats["torch"]
     assert stats["torch"]["release"] is None
     for key in ("runtime_wrappers", "autograd_functions", "guards", "serializable_functions",
-                "params_prepends", "subclass_wrappers", "fallbacks"):
+                "params_prepends", "wrappers", "subclass_wrappers", "fallbacks"):
         assert stats[key] == 0, (key, stats)
     assert stats["cpp"]["module"] is None and stats["cpp"]["reason"], stats["cpp"]
     return stats

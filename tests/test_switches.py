@@ -124,6 +124,7 @@ def test_stats_snapshot_and_reset():
         "guards": 0,
         "serializable_functions": 0,
         "params_prepends": 0,
+        "wrappers": 0,
         "subclass_wrappers": 0,
         "fallbacks": 0,
         "fallback_reasons": {},

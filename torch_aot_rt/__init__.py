@@ -64,7 +64,9 @@ def stats() -> dict:
     CompiledFunction classes built; ``guards``: Dynamo saved-tensor-hooks
     guards built with the C check; ``serializable_functions``:
     SerializableCompiledFunctions given the C ``__call__``; ``params_prepends``:
-    ``aot_module_simplified`` forwards made C ``ParamsPrepend``s;
+    ``aot_module_simplified`` forwards made C ``ParamsPrepend``s; ``wrappers``: the
+    other compiler wrappers' generated functions (dedupe, synthetic base, effect
+    tokens, functionalized RNG, fakified outputs, debug asserts) made C objects;
     ``subclass_wrappers``: AOTDispatchSubclassWrapper's generated wrappers
     made C ``SubclassWrapper``s; ``fallbacks``: builds that went to upstream,
     with ``fallback_reasons`` mapping each reason to its count. ``torch``: the

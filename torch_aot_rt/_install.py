@@ -12,8 +12,10 @@ What we put in place of upstream's, each where all its callers find it:
 - ``AOTDispatchAutograd.post_compile`` (builds CompiledFunction) ->
   ``_autograd_plan.build_autograd_post_compile``;
 - Dynamo's ``GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS`` (``_guards``),
-  ``SerializableCompiledFunction.__init__`` (``_serializable``) and
-  ``aot_autograd.simple_wraps`` (``_prepend``);
+  ``SerializableCompiledFunction.__init__`` (``_serializable``),
+  ``aot_autograd.simple_wraps`` (``_prepend``) and the ``post_compile`` of
+  the dedupe, synthetic-base, effect-token, functionalized-RNG,
+  fakified-output and debug-assert wrappers (``_wrappers``);
 - and, bound rather than replaced, what the C version of
   ``torch._dynamo.disable``'s wrapper reads (``_disable``).
 
@@ -242,13 +244,14 @@ def _replace_layers(rw) -> list:
     upstream's, counted, when it is not the verified one."""
     import torch._functorch.aot_autograd as aot_autograd
 
-    from . import _guards, _prepend, _serializable, _subclass
+    from . import _guards, _prepend, _serializable, _subclass, _wrappers
 
     replaced = []
     for name, install, arg in (
         ("saved-tensors-hooks guard", _guards.install, None),
         ("SerializableCompiledFunction", _serializable.install, rw),
         ("params prepend", _prepend.install, aot_autograd),
+        ("compiler wrappers", _wrappers.install, rw),
         ("subclass wrapper", _subclass.install, rw),
     ):
         try:
@@ -256,7 +259,9 @@ def _replace_layers(rw) -> list:
         except Exception as e:
             _state.count_fallback(f"{name}: {_state.internal_error(e)}")
             continue
-        if record is not None:
+        if isinstance(record, list):
+            replaced.extend(record)
+        elif record is not None:
             replaced.append(record)
     return replaced
 

@@ -66,6 +66,15 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_codegen_compiled_backward",
         "_AOTDispatchAutogradFunctionFactory",
         "AOTDispatchAutograd",
+        # csrc/*_wrapper.c, _wrappers.py: the other per-call compiler wrappers
+        "AOTDedupeWrapper.remove_dupe_args",
+        "AOTDedupeWrapper.add_dupe_args",
+        "AOTDedupeWrapper.post_compile",
+        "EffectTokensWrapper.post_compile",
+        "AOTSyntheticBaseWrapper.post_compile",
+        "FunctionalizedRngRuntimeWrapper.post_compile",
+        "FakifiedOutWrapper.post_compile",
+        "DebugAssertWrapper.post_compile",
         # csrc/subclass_wrapper.c, _subclass.py: the subclass wrapper
         "AOTDispatchSubclassWrapper",
     )),
@@ -88,6 +97,10 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_codegen_subclass_wrapper_source",
         "_compile_and_exec_source",
         "codegen_subclass_wrapper",
+    )),
+    ("_tensor.py", (
+        # csrc/dedupe_wrapper.c skips hashing plain tensors: id(self)
+        "Tensor.__hash__",
     )),
     ("_functorch/_aot_autograd/codegen.py", (
         # _trace.py: where upstream's generated sources go (tlparse, capture)

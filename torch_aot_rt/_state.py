@@ -17,7 +17,7 @@ _lock = threading.Lock()
 _enabled = [False]
 
 COUNTERS = ("runtime_wrappers", "autograd_functions", "guards", "serializable_functions",
-            "params_prepends", "subclass_wrappers", "fallbacks")
+            "params_prepends", "wrappers", "subclass_wrappers", "fallbacks")
 _counters: dict = dict.fromkeys(COUNTERS, 0)
 _counters["fallback_reasons"] = {}
 

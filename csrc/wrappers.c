@@ -1,0 +1,121 @@
+/* wrappers.c: what the compiler-wrapper types share (see wrappers.h). */
+#include "wrappers.h"
+
+#include "autograd_common.h"
+
+#define INTERN(field, text)                                         \
+    do {                                                            \
+        if ((ws->field = PyUnicode_InternFromString(text)) == NULL) \
+            return -1;                                              \
+    } while (0)
+
+int
+rt_wrappers_state_init(rt_wrappers_state *ws)
+{
+    INTERN(str_base, "_base");
+    INTERN(str_dtype, "dtype");
+    INTERN(str_device, "device");
+    INTERN(str_untyped_storage, "untyped_storage");
+    INTERN(str_set_, "set_");
+    INTERN(str_empty, "empty");
+    INTERN(str_as_strided_, "as_strided_");
+    INTERN(str_size, "size");
+    INTERN(str_stride, "stride");
+    INTERN(str_storage_offset, "storage_offset");
+    if ((ws->zero_shape = Py_BuildValue("(i)", 0)) == NULL ||
+        (ws->kwnames_dtype_device = PyTuple_Pack(2, ws->str_dtype, ws->str_device)) == NULL) {
+        return -1;
+    }
+    return 0;
+}
+#undef INTERN
+
+#define WRAPPERS_FIELDS(X)                                                  \
+    X(str_base) X(str_dtype) X(str_device) X(str_untyped_storage) X(str_set_) \
+    X(str_empty) X(str_as_strided_) X(str_size) X(str_stride)              \
+    X(str_storage_offset) X(zero_shape) X(kwnames_dtype_device)
+
+int
+rt_wrappers_state_traverse(rt_wrappers_state *ws, visitproc visit, void *arg)
+{
+#define VISIT(f) Py_VISIT(ws->f);
+    WRAPPERS_FIELDS(VISIT)
+#undef VISIT
+    return 0;
+}
+
+void
+rt_wrappers_state_clear(rt_wrappers_state *ws)
+{
+#define CLEAR(f) Py_CLEAR(ws->f);
+    WRAPPERS_FIELDS(CLEAR)
+#undef CLEAR
+}
+
+int
+rt_wrapper_types_init(PyObject *module)
+{
+    PyType_Spec *specs[] = {
+        &DedupeWrapper_spec,
+        &EffectTokensWrapper_spec,
+        &SyntheticBaseWrapper_spec,
+        &RngWrapper_spec,
+        &FakifiedOutWrapper_spec,
+        &DebugAssertWrapper_spec,
+    };
+    for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
+        /* the module's dict keeps the type; instances hold their own
+         * reference to it (heap types) */
+        PyObject *type = PyType_FromModuleAndSpec(module, specs[i], NULL);
+        if (type == NULL) {
+            return -1;
+        }
+        int rc = PyModule_AddType(module, (PyTypeObject *)type);
+        Py_DECREF(type);
+        if (rc < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+PyObject *
+rt_list_item(PyObject *list, Py_ssize_t i)
+{
+    /* PyList_GetItem raises IndexError("list index out of range"), as
+     * BINARY_SUBSCR on a list does for a non-negative index */
+    return PyList_GetItem(list, i);
+}
+
+int
+rt_plain_list_call(PyObject *const *argv, size_t nargsf, PyObject *kwnames)
+{
+    return PyVectorcall_NARGS(nargsf) == 1 &&
+           (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0) && PyList_CheckExact(argv[0]);
+}
+
+Py_ssize_t *
+rt_index_tuple(PyObject *v, const char *what, Py_ssize_t *n)
+{
+    if (!PyTuple_Check(v)) {
+        PyErr_Format(PyExc_ValueError, "%s must be a tuple of ints", what);
+        return NULL;
+    }
+    *n = PyTuple_GET_SIZE(v);
+    Py_ssize_t *out = PyMem_Malloc(((size_t)*n + 1) * sizeof(Py_ssize_t));
+    if (out == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(v, i);
+        out[i] = PyLong_Check(item) ? PyLong_AsSsize_t(item) : -1;
+        if (out[i] < 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s must be a tuple of non-negative ints", what);
+            PyMem_Free(out);
+            return NULL;
+        }
+    }
+    return out;
+}

@@ -1,0 +1,270 @@
+"""The other per-call compiler wrappers of ``runtime_wrappers.py``, in C.
+
+Besides the runtime wrapper and CompiledFunction, AOTAutograd wraps a
+compiled graph in more layers when its metadata asks for them, each a
+``CompilerWrapper`` whose ``post_compile`` generates a small Python function
+that then runs on every call:
+
+- ``AOTDedupeWrapper`` (the same tensor passed twice, and mutated):
+  ``debugged_compiled_fn`` -> ``_C.DedupeWrapper``;
+- ``EffectTokensWrapper`` (effectful ops, e.g. ``aten._print`` or a custom op
+  registered with effects): ``_effect_tokens_wrapper`` -> ``_C.EffectTokensWrapper``;
+- ``AOTSyntheticBaseWrapper`` (inputs that alias each other, one mutated):
+  ``_synthetic_base_wrapper`` -> ``_C.SyntheticBaseWrapper``;
+- ``FunctionalizedRngRuntimeWrapper`` (``functionalize_rng_ops``, CUDA only):
+  ``_functionalized_rng_wrapper`` -> ``_C.RngWrapper``;
+- ``FakifiedOutWrapper`` (``TracingContext.fakify_first_call``): ``wrapper``
+  -> ``_C.FakifiedOutWrapper``;
+- ``DebugAssertWrapper`` (``config.debug_assert``): ``inner_fn`` ->
+  ``_C.DebugAssertWrapper``.
+
+Ours is each class's ``post_compile``: it runs upstream's first (so every
+build-time effect is upstream's: its checks and errors, the generated source
+logged for TORCH_TRACE/tlparse and captured by ``compile_to_python``), then,
+when upstream returned a generated function and the C path is on, builds the
+C object from what that function reads (its globals or closure cells, i.e.
+exactly the objects it would call) and gives it the function's identity
+(``__name__``, ``__qualname__``, ``__module__``, ``__doc__``, its ``__dict__``
+with ``__wrapped__`` and ``_boxed_call``). The generated function is kept in
+the C object as ``upstream``: any call that is not the plain one runs it.
+Anything not the verified shape, and any exception of ours while building,
+returns upstream's function, counted in ``stats()["fallback_reasons"]``.
+The C objects call the next layer (often another C object: the runtime
+wrapper, CompiledFunction, another of these) by vectorcall.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+from . import _state
+
+_KW = "KEYWORD_ONLY"
+_PK = "POSITIONAL_OR_KEYWORD"
+# CompilerWrapper.post_compile / InductorWrapper.post_compile, on every verified release
+_SHAPE = (("self", _PK), ("compiled_fn", _PK), ("aot_config", _PK), ("runtime_metadata", _KW))
+# what functools.update_wrapper assigns, and Python 3.12's addition
+_IDENTITY = ("__module__", "__name__", "__qualname__", "__doc__", "__annotations__",
+             "__type_params__")
+SOURCE_CAPTURE = "runtime-wrapper source is being captured (aot_autograd.compile_to_python)"
+
+
+class Unsupported(Exception):
+    """The wrapper is not the verified shape: upstream's function runs."""
+
+
+def _shape(fn) -> tuple:
+    return tuple((p.name, p.kind.name) for p in inspect.signature(fn).parameters.values())
+
+
+def _generated(fn, name: str, names: tuple[str, ...]) -> dict:
+    """The globals that upstream's generated function ``name`` reads."""
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_name != name:
+        raise Unsupported(f"upstream returned {getattr(code, 'co_name', type(fn).__name__)}, "
+                          f"not the generated {name}")
+    g = fn.__globals__
+    missing = [n for n in names if n not in g]
+    if missing:
+        raise Unsupported(f"{name} does not bind {missing}")
+    return {n: g[n] for n in names}
+
+
+def _cells(fn, name: str, freevars: tuple[str, ...]) -> dict:
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_name != name or code.co_freevars != freevars:
+        raise Unsupported(f"upstream's function is not the verified {name} closure")
+    return dict(zip(freevars, fn.__closure__))
+
+
+def _indices(values, what: str) -> tuple:
+    out = tuple(values)
+    if not all(type(v) is int and v >= 0 for v in out):
+        raise Unsupported(f"{what} is not a list of non-negative ints")
+    return out
+
+
+def _tensor_hash_is_id() -> bool:
+    """Tensor.__hash__ is upstream's ``return id(self)`` and Parameter's is it."""
+    import torch
+
+    h = torch.Tensor.__dict__.get("__hash__")
+    code = getattr(h, "__code__", None)
+    return (
+        code is not None
+        and code.co_names == ("id",)
+        and code.co_argcount == 1
+        and torch.nn.Parameter.__hash__ is h
+    )
+
+
+def _dedupe(wrapper, fn, compiled_fn, aot_config, meta):
+    from . import _C
+
+    cells = _cells(fn, "debugged_compiled_fn", fn.__code__.co_freevars)
+    if set(cells) != {"self", "aot_config", "wrapped_compiled_fn"}:
+        raise Unsupported("debugged_compiled_fn is not the verified closure")
+    inner = cells["wrapped_compiled_fn"].cell_contents
+    target = _generated(inner, "inner_fn", ("compiled_fn",))["compiled_fn"]
+    if cells["self"].cell_contents is not wrapper:
+        raise Unsupported("debugged_compiled_fn closes over another wrapper")
+    keep = [bool(k) for k in wrapper.keep_arg_mask]
+    add = _indices(wrapper.add_dupe_map, "add_dupe_map")
+    kept = tuple(i for i, k in enumerate(keep) if k)
+    if len(add) != len(keep) or any(j >= len(kept) for j in add):
+        # upstream raises IndexError (or checks nothing) on every call
+        raise Unsupported("add_dupe_map does not index the kept arguments")
+    if not _tensor_hash_is_id():
+        raise Unsupported("Tensor.__hash__ is not upstream's id(self)")
+    src = tuple(kept[j] for j in add)
+    return _C.DedupeWrapper(fn, target, kept, src)
+
+
+def _effect_tokens(wrapper, fn, compiled_fn, aot_config, meta):
+    from . import _C
+
+    g = _generated(fn, "_effect_tokens_wrapper", ("_compiled_fn_",))
+    return _C.EffectTokensWrapper(fn, g["_compiled_fn_"], len(meta.tokens))
+
+
+def _synthetic_base(wrapper, fn, compiled_fn, aot_config, meta):
+    from . import _C
+
+    g = _generated(fn, "_synthetic_base_wrapper", ("torch", "_compiled_fn_"))
+    groups = wrapper.base_groups
+    order = sorted(groups)
+    if order != list(range(len(order))):
+        # upstream's `_bases[k] = ...` would raise IndexError on every call
+        raise Unsupported("base_groups keys are not 0..n-1")
+    return _C.SyntheticBaseWrapper(
+        fn,
+        g["_compiled_fn_"],
+        g["torch"],
+        tuple(_indices(groups[k], "a base group") for k in order),
+        _indices(wrapper.other_arg_indices, "other_arg_indices"),
+        _indices(wrapper.aliased_arg_idx_with_metadata_mutations,
+                 "aliased_arg_idx_with_metadata_mutations"),
+    )
+
+
+def _unpack2(value):
+    """``seed, offset = value``, for a state that is not a pair: Python's own
+    unpacking and errors."""
+    seed, offset = value
+    return seed, offset
+
+
+def _rng(wrapper, fn, compiled_fn, aot_config, meta):
+    from . import _C
+
+    g = _generated(fn, "_functionalized_rng_wrapper",
+                   ("_compiled_fn_", "_get_rng_state_", "_set_offset_"))
+    k = meta.num_forward_returns
+    if type(k) is not int or k < 0:
+        raise Unsupported("num_forward_returns is not a non-negative int")
+    return _C.RngWrapper(fn, g["_compiled_fn_"], g["_get_rng_state_"], g["_set_offset_"],
+                         _unpack2, k, bool(wrapper.return_new_outs))
+
+
+def _fakified_out(wrapper, fn, compiled_fn, aot_config, meta):
+    from . import _C
+
+    cells = _cells(fn, "wrapper", ("compiled_fn", "fakified_out"))
+    return _C.FakifiedOutWrapper(fn, cells["compiled_fn"], cells["fakified_out"])
+
+
+def _debug_assert(wrapper, fn, compiled_fn, aot_config, meta):
+    from . import _C
+
+    rw = _runtime_wrappers()
+    g = _generated(fn, "inner_fn", ("compiled_fn", "Tensor"))
+    checks = []
+    for i, can_require_grad in enumerate(wrapper.flat_requires_grad):
+        # the messages upstream's post_compile formats
+        if can_require_grad is None:
+            checks.append((i, True, f"expected non-Tensor for arg {i}, got Tensor"))
+        elif not can_require_grad:
+            checks.append((i, False, rw.format_guard_bug_msg(
+                aot_config, f"{rw.describe_input(i, aot_config)} would not require grad")))
+    return _C.DebugAssertWrapper(fn, g["compiled_fn"], g["Tensor"], tuple(checks))
+
+
+def _runtime_wrappers():
+    import torch._functorch._aot_autograd.runtime_wrappers as rw
+
+    return rw
+
+
+# (class, what stats() calls it, builder)
+BUILDERS = (
+    ("AOTDedupeWrapper", "dedupe", _dedupe),
+    ("EffectTokensWrapper", "effect tokens", _effect_tokens),
+    ("AOTSyntheticBaseWrapper", "synthetic base", _synthetic_base),
+    ("FunctionalizedRngRuntimeWrapper", "functionalized RNG", _rng),
+    ("FakifiedOutWrapper", "fakified out", _fakified_out),
+    ("DebugAssertWrapper", "debug assert", _debug_assert),
+)
+
+
+def _identity(ours, fn):
+    """``fn``'s identity on ``ours``: what update_wrapper / wraps and the
+    ``_boxed_call = True`` gave upstream's function."""
+    for name in _IDENTITY:
+        try:
+            value = getattr(fn, name)
+        except AttributeError:
+            continue
+        setattr(ours, name, value)
+    ours.__dict__.update(fn.__dict__)
+    return ours
+
+
+def build(what: str, builder, wrapper, fn, compiled_fn, aot_config, runtime_metadata):
+    """The C object for upstream's ``fn``, or ``fn`` with a counted reason."""
+    reason = _state.closed()
+    if reason is None and _state.source_capture_active():
+        # the capture composes upstream's generated functions by identity
+        reason = SOURCE_CAPTURE
+    if reason is None:
+        try:
+            ours = builder(wrapper, fn, compiled_fn, aot_config, runtime_metadata)
+            ours = _identity(ours, fn)
+        except Unsupported as e:
+            reason = str(e)
+        except Exception as e:
+            reason = _state.internal_error(e)
+        else:
+            _state.count_built("wrappers")
+            return ours
+    _state.count_fallback(f"{what} wrapper: {reason}")
+    return fn
+
+
+def _ours(upstream, what: str, builder):
+    @functools.wraps(upstream)
+    def post_compile(self, compiled_fn, aot_config, *, runtime_metadata):
+        fn = upstream(self, compiled_fn, aot_config, runtime_metadata=runtime_metadata)
+        if fn is compiled_fn or not _state.is_enabled():
+            return fn  # nothing generated (the wrapper is not needed), or the C path off
+        return build(what, builder, self, fn, compiled_fn, aot_config, runtime_metadata)
+
+    return post_compile
+
+
+def install(rw) -> list:
+    """Replace each class's ``post_compile`` where it has the verified shape;
+    returns the ``_state.Replaced`` records."""
+    replaced = []
+    for cls_name, what, builder in BUILDERS:
+        cls = rw.__dict__.get(cls_name)
+        upstream = getattr(cls, "__dict__", {}).get("post_compile")
+        if upstream is None or not inspect.isfunction(upstream) or _shape(upstream) != _SHAPE:
+            _state.count_fallback(
+                f"{what} wrapper: {cls_name}.post_compile is not the verified one")
+            continue
+        try:
+            replaced.append(_state.replace(cls, "post_compile", _ours(upstream, what, builder)))
+        except Exception as e:
+            _state.count_fallback(f"{what} wrapper: {_state.internal_error(e)}")
+    return replaced
