@@ -4,7 +4,8 @@
 Differential, through ``torch.compile(backend="aot_eager")`` on
 ``TwoTensor`` (inference, training, an aliased output, a mutated subclass
 input, nested subclasses, plain and subclass arguments mixed, symbolic sizes
-with ``dynamic=True``), nested jagged tensors and AOTAutogradCache hits: the
+with ``dynamic=True``), nested jagged tensors, DTensor (one-process gloo) and
+AOTAutogradCache hits, training through the C CompiledFunction: the
 C path off and on, everything the harness observes (values, types, strides,
 aliasing, requires_grad, grad_fn, gradients), plus each subclass output's and
 input's inner tensors. Direct: the wrapper upstream generates and ours, built
@@ -27,9 +28,10 @@ import _differential as D
 
 pytestmark = pytest.mark.needs_c
 
-# Training with subclasses keeps upstream's CompiledFunction (its own fallback
-# reason); the subclass wrapper inside it, around the forward graph, is ours.
-CF_FALLBACK = "CompiledFunction: tensor subclass inputs or outputs"
+# Training with subclasses: the C CompiledFunction, with the C subclass wrapper
+# around its forward graph and the C grads wrapper in its backward; no
+# fallback is allowed (the harness checks every training graph got a C
+# CompiledFunction).
 
 
 def _built(run) -> int:
