@@ -94,20 +94,12 @@ def _id(case):
     return f"{kind}-{fn.__name__}-{'training' if training else 'inference'}"
 
 
-# Training with a subclass keeps upstream's CompiledFunction (its forward's
-# and backward's Python, the tangent processing, the grads' wrapping): the
-# C CompiledFunction does not cover subclasses yet.
 # An output aliasing a subclass input has no ViewMeta sequence (metadata traced
 # at the subclass level records none), so the runtime wrapper's alias replay
 # calls upstream's gen_alias_from_base for its _view_func branch (2 frames:
 # gen_alias_from_base, patch_requires_grad); csrc/epilogue.c replays in C only
 # a recorded ViewMeta sequence.
 KNOWN = {
-    # 9 frames (upstream: 53 on 2.13): the backward hands each subclass
-    # tangent to upstream's process_runtime_tangent, which recurses into its
-    # inner tensors (process_runtime_tangent, maybe_coerce,
-    # coerce_to_expected_memory_format for the TwoTensor and each inner one)
-    "subclass-f_affine-training": "subclass tangents: upstream's process_runtime_tangent",
     "subclass-f_alias-inference": "alias replay without a ViewMeta sequence: upstream's "
                                   "gen_alias_from_base (_view_func branch)",
 }

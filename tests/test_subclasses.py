@@ -160,6 +160,59 @@ def test_dynamic_sizes_change(device):
         assert _built(on) >= 1
 
 
+@pytest.mark.parametrize("loss", ["sum", "strided", "contiguous"])
+def test_backward_sees_the_same_tangent_leaves(device, loss):
+    """What the compiled backward is called with (each argument's type, shape,
+    strides, values) is the same with the C backward's tangent processing
+    (which coerces a TwoTensor tangent's memory format, then each inner
+    tensor's, and chains the inner tensors) as with upstream's: a ``sum()``
+    loss (an expanded, stride-0 tangent), a transposed one, a contiguous one
+    (TwoTensor's inner tensors share its strides, so its own coercion leaves
+    them contiguous)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def fn(x):
+        return x * 2 + 1
+
+    records = {}
+    for use_c in (False, True):
+        seen = records[use_c] = []
+
+        def bw_compiler(gm, example_inputs):
+            def run(args):
+                seen.append([(type(a).__name__, tuple(a.shape), a.stride(),
+                              a.detach().clone()) if isinstance(a, torch.Tensor) else repr(a)
+                             for a in args])
+                return gm(*args)
+
+            run._boxed_call = True
+            return run
+
+        def fw_compiler(gm, example_inputs):
+            return make_boxed_func(gm)
+
+        torch._dynamo.reset()
+        with D.runtime(use_c):
+            g = torch.compile(fn, backend=aot_autograd(fw_compiler=fw_compiler,
+                                                       bw_compiler=bw_compiler),
+                              fullgraph=True)
+            for k in range(3):
+                torch.manual_seed(k)
+                x = _two((4, 3), device, requires_grad=True)
+                y = g(x)
+                if loss == "sum":
+                    y.sum().backward()
+                elif loss == "strided":
+                    y.backward(_two((3, 4), device).t())
+                else:
+                    y.backward(_two((4, 3), device))
+                seen.append(("grad", type(x.grad).__name__, x.grad.a.clone(), x.grad.b.clone(),
+                             x.grad.a.stride(), x.grad.b.stride()))
+    _same(records[False], records[True])
+    assert len(records[True]) == 6
+
+
 def test_tangent_of_the_wrong_type_raises_as_upstream(device):
     """A plain output handed a subclass grad (every output summed into one
     loss): upstream's process_runtime_tangent raises on the backward; so does

@@ -122,6 +122,38 @@ def _tangent_plan(tangent_meta, desc, stack_trace) -> tuple:
     )
 
 
+def _subclass_tangent_node(tangent_meta, release):
+    """What the C backward needs to run ``process_runtime_tangent`` itself for
+    a subclass tangent (csrc/compiled_backward.c, subclass_tangent_leaves),
+    or None (upstream's function runs): a SubclassCreationMeta of a tensor
+    subclass (not a fake or functional tensor class) with a memory-format
+    MemoryFormatMeta, whose inner tensors are plain ones with plain plans."""
+    import torch
+    from torch._functorch._aot_autograd.schemas import PlainTensorMeta, SubclassCreationMeta
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    if type(tangent_meta) is not SubclassCreationMeta:
+        return None
+    cls = tangent_meta.original_subclass_type
+    if (not isinstance(cls, type) or not issubclass(cls, torch.Tensor) or cls is torch.Tensor
+            or issubclass(cls, (FakeTensor, FunctionalTensor))):
+        return None
+    mf = tangent_meta.memory_format
+    if not mf or getattr(mf, "memory_format", None) is None:
+        return None
+    attrs = []
+    for name, attr_meta in tangent_meta.attrs.items():
+        if not isinstance(name, str) or type(attr_meta) is not PlainTensorMeta:
+            return None
+        plan = _tangent_plan(attr_meta, None, None)
+        if plan[0] == TANGENT_PYTHON:
+            return None
+        attrs.append((name, plan))
+    is_fake = torch._C._is_fake_tensor if release.tangent_fake_check_cpp else None
+    return (cls, tangent_meta.meta, mf.memory_format, is_fake, tuple(attrs))
+
+
 def _backward_plan(cls, spec, rng_state, backward_compiler, release) -> dict:
     import torch
     from torch._functorch._aot_autograd.schemas import OutputType
@@ -166,6 +198,10 @@ def _backward_plan(cls, spec, rng_state, backward_compiler, release) -> dict:
             # output tangents' on every backward: let it
             raise Unsupported("CompiledFunction: subclass tangents and their metas differ in number")
         grads_wrapper = _subclass.grads_wrapper(subclass.grad_input_metas, release)
+    nodes = tuple(
+        _subclass_tangent_node(tangent_metas[j], release) if subclass is not None else None
+        for j in range(len(surviving))
+    )
     deterministic = meta.deterministic
     return dict(
         cls=cls,
@@ -190,6 +226,7 @@ def _backward_plan(cls, spec, rng_state, backward_compiler, release) -> dict:
         tangents=tangents,
         subclass_tangents=subclass is not None,
         grads_wrapper=grads_wrapper,
+        subclass_tangent_nodes=nodes,
     )
 
 

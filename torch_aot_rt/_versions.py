@@ -108,6 +108,10 @@ class Release:
     # which the generated wrapper waits on (those compiles keep upstream's):
     # act_input_indices (2.13), act_input_paths (2.14: paths into subclasses).
     subclass_act_inputs: str
+    # process_runtime_tangent's fake check: isinstance(x, FakeTensor) (2.13);
+    # is_fake_tensor(x), which also asks torch._C._is_fake_tensor(x) (2.14 on).
+    # The C backward asks the same for a subclass tangent it processes itself.
+    tangent_fake_check_cpp: bool
 
     def __post_init__(self) -> None:
         # the registry exists exactly where the forward snapshots it; only a
@@ -142,6 +146,7 @@ VERIFIED: tuple[Release, ...] = (
         backward_compile_defers_gc=False,
         subclass_outputs_by_cursor=False,
         subclass_act_inputs="act_input_indices",
+        tangent_fake_check_cpp=False,
     ),
     Release(
         series=(2, 14),
@@ -160,6 +165,7 @@ VERIFIED: tuple[Release, ...] = (
         backward_compile_defers_gc=False,
         subclass_outputs_by_cursor=True,
         subclass_act_inputs="act_input_paths",
+        tangent_fake_check_cpp=True,
     ),
     Release(
         series=(2, 15),
@@ -178,6 +184,7 @@ VERIFIED: tuple[Release, ...] = (
         backward_compile_defers_gc=True,
         subclass_outputs_by_cursor=True,
         subclass_act_inputs="act_input_paths",
+        tangent_fake_check_cpp=True,
     ),
 )
 
