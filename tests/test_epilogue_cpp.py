@@ -54,9 +54,12 @@ def _route_of(delta: dict) -> str | None:
 
 
 def _check_route(delta: dict, expected: str | None) -> None:
-    """expected: "cpp", "declined" or "not" (offered), or None (no operation
-    at the door); without the C++ part nothing is counted."""
-    if not _cpp_in_use() or expected is None:
+    """expected: "cpp", "declined" or "not" (offered), or None (not checked:
+    whether the case reaches the door differs between releases); without
+    the C++ part nothing is counted."""
+    if expected is None:
+        return
+    if not _cpp_in_use():
         assert delta == {}, delta
     else:
         assert _route_of(delta) == expected, delta
@@ -125,7 +128,8 @@ PROGRAMS = {
     "view": (f_view, lambda d: (_t(2, 3, device=d),), "cpp"),
     "view_of_view": (f_view_of_view, lambda d: (_t(3, 4, device=d),), "cpp"),
     "views": (f_views, lambda d: (_t(3, 4, device=d),), "cpp"),
-    # inference: the second output regenerates nothing (no view replay)
+    # inference: the second output is replayed from the first on some
+    # releases (2.15), returned as is on others (2.13, 2.14)
     "intermediate_alias": (f_intermediate_alias, lambda d: (_t(3, device=d),), None),
     "intermediate_alias_training": (
         f_intermediate_alias, lambda d: D.Inputs((_t(3, device=d, rg=True),)), "cpp"
@@ -209,7 +213,9 @@ def test_mode_active_takes_the_python_route(program, mode):
     assert logs[0], "the mode saw nothing: the case tests nothing"
     assert logs[0] == logs[1], (logs[0], logs[1])
     delta = _delta(before)
-    if not _cpp_in_use() or route is None:
+    if route is None:
+        return
+    if not _cpp_in_use():
         assert delta == {}, delta
         return
     # the first call (no mode) took the C++ part for each operation; the
