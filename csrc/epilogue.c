@@ -7,40 +7,6 @@
  */
 #include "epilogue.h"
 
-/* orig.as_strided_(u.size(), u.stride(), u.storage_offset()) */
-static int
-as_strided_like(rt_state *st, PyObject *orig, PyObject *u)
-{
-    PyObject *geometry[3] = {NULL, NULL, NULL};
-    int rc = -1;
-    if ((geometry[0] = rt_tensor_call(st, RT_SIZE, u, NULL, 0)) == NULL ||
-        (geometry[1] = rt_tensor_call(st, RT_STRIDE, u, NULL, 0)) == NULL ||
-        (geometry[2] = rt_tensor_call(st, RT_STORAGE_OFFSET, u, NULL, 0)) == NULL) {
-        goto done;
-    }
-    PyObject *r = rt_tensor_call(st, RT_AS_STRIDED_, orig, geometry, 3);
-    if (r != NULL) {
-        Py_DECREF(r);
-        rc = 0;
-    }
-done:
-    Py_XDECREF(geometry[0]);
-    Py_XDECREF(geometry[1]);
-    Py_XDECREF(geometry[2]);
-    return rc;
-}
-
-static int
-call_discard(rt_state *st, enum rt_tensor_method m, PyObject *self, PyObject *arg)
-{
-    PyObject *r = rt_tensor_call(st, m, self, &arg, 1);
-    if (r == NULL) {
-        return -1;
-    }
-    Py_DECREF(r);
-    return 0;
-}
-
 /* `with torch.no_grad(): orig.set_(u)` */
 static int
 set_under_no_grad(rt_state *st, PyObject *orig, PyObject *u)
@@ -49,7 +15,7 @@ set_under_no_grad(rt_state *st, PyObject *orig, PyObject *u)
     if (prev < 0 || rt_set_grad_enabled(st, 0) < 0) {
         return -1;
     }
-    int ok = call_discard(st, RT_SET_, orig, u) == 0;
+    int ok = rt_tensor_set_(st, orig, u) == 0;
     rt_pending_error saved;
     rt_finally_begin(&saved);
     int restored = rt_set_grad_enabled(st, prev) == 0;
@@ -75,12 +41,13 @@ apply_mutation(rt_state *st, const rt_plan *plan, const rt_mutation *m,
         }
         /* See Note [set_() Input Mutations in AOTAutograd] upstream. */
         int rc = m->kind == RT_MUT_SET ? set_under_no_grad(st, orig, u)
-                                       : as_strided_like(st, orig, u);
+                                       : rt_tensor_as_strided_like(st, orig, u);
         Py_DECREF(u);
         return rc;
     }
     case RT_MUT_DATA:
-        if ((m->flags & RT_MUT_AS_STRIDED_FIRST) && as_strided_like(st, orig, updated) < 0) {
+        if ((m->flags & RT_MUT_AS_STRIDED_FIRST) &&
+            rt_tensor_as_strided_like(st, orig, updated) < 0) {
             return -1;
         }
         if (m->flags & RT_MUT_LEAF) {
@@ -91,20 +58,14 @@ apply_mutation(rt_state *st, const rt_plan *plan, const rt_mutation *m,
                 return -1;
             }
             if (rg) {
-                PyObject *detached = rt_tensor_call(st, RT_DETACH, orig, NULL, 0);
-                if (detached == NULL) {
-                    return -1;
-                }
-                int rc = call_discard(st, RT_COPY_, detached, updated);
-                Py_DECREF(detached);
-                return rc;
+                return rt_tensor_copy_(st, orig, updated, 1);
             }
         }
         else if (m->flags & RT_MUT_STREAM_ERROR) {
             PyErr_SetObject(PyExc_RuntimeError, st->stream_error_message);
             return -1;
         }
-        return call_discard(st, RT_COPY_, orig, updated);
+        return rt_tensor_copy_(st, orig, updated, 0);
     }
     PyErr_SetString(PyExc_SystemError, "torch_aot_rt: bad mutation kind");
     return -1;
@@ -167,7 +128,7 @@ replay_output(rt_state *st, const rt_plan *plan, Py_ssize_t i,
     if (o->replay_sequence != NULL) {
         /* C fast path of gen_alias_from_base's view-replay branch */
         result = rt_alias_by_view_replay(st, base, target, o->requires_grad == Py_True,
-                                         o->replay_sequence);
+                                         o->replay_sequence, o->replay_cpp);
     }
     if (result == NULL && !PyErr_Occurred()) {
         result = rt_gen_alias_from_base(st, base, target, o->requires_grad,

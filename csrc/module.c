@@ -51,6 +51,21 @@ node_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                           RT_NODE_N_DECLINED);
 }
 
+/* Names of rt_epi_route, for stats() */
+static const char *const epi_routes[RT_EPI_N_ROUTES] = {
+    [RT_EPI_TAKEN] = "taken",
+    [RT_EPI_DECLINED] = "declined by the C++ part (tensor kind, dispatch mode, patch)",
+    [RT_EPI_NOT_OFFERED] = "not offered (torch function mode, subclass, no C++ sequence)",
+};
+
+static PyObject *
+epilogue_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    rt_state *st = PyModule_GetState(module);
+    return rt_counts_dict("_epilogue_stats", args, nargs, epi_routes, st->epi_counts,
+                          RT_EPI_N_ROUTES);
+}
+
 /* Benchmarks only: route calls through the C++ part (True) or not (False),
  * keeping it loaded, so that one process measures both. */
 static PyObject *
@@ -72,6 +87,10 @@ static PyMethodDef module_methods[] = {
     {"_node_stats", (PyCFunction)(void (*)(void))node_stats, METH_FASTCALL,
      PyDoc_STR("_node_stats(reset=False)\nCompiledFunction calls by the C++ node's decision: "
                "'taken', or why upstream's Function.apply ran; reset zeroes the counts.")},
+    {"_epilogue_stats", (PyCFunction)(void (*)(void))epilogue_stats, METH_FASTCALL,
+     PyDoc_STR("_epilogue_stats(reset=False)\nThe runtime wrapper epilogue's tensor "
+               "operations by route while the C++ part is in use: 'taken' by it, or why "
+               "the Python method ran; reset zeroes the counts.")},
     {"_bind_disable", (PyCFunction)(void (*)(void))rt_bind_disable,
      METH_VARARGS | METH_KEYWORDS,
      PyDoc_STR("_bind_disable(*, fn_code, fn_cell, ctx_cell, DisableContext, eval_frame, "

@@ -425,6 +425,7 @@ rt_plan_traverse(rt_plan *plan, visitproc visit, void *arg)
     for (Py_ssize_t i = 0; i < plan->n_outputs; i++) {
         Py_VISIT(plan->outputs[i].view_meta_sequence);
         Py_VISIT(plan->outputs[i].replay_sequence);
+        Py_VISIT(plan->outputs[i].replay_cpp);
     }
     for (Py_ssize_t i = 0; i < plan->n_dynamic; i++) {
         Py_VISIT(plan->dynamic[i].dims);
@@ -442,6 +443,7 @@ rt_plan_clear(rt_plan *plan)
             Py_CLEAR(plan->outputs[i].requires_grad);
             Py_CLEAR(plan->outputs[i].view_meta_sequence);
             Py_CLEAR(plan->outputs[i].replay_sequence);
+            Py_CLEAR(plan->outputs[i].replay_cpp);
         }
     }
     if (plan->dynamic) {

@@ -47,6 +47,9 @@ typedef struct {
     /* view_meta_sequence.sequence when gen_alias_from_base would replay it
      * (replay_views, no symbolic inputs: decided at build), else NULL */
     PyObject *replay_sequence;
+    /* the C++ part's form of replay_sequence (rt_view_sequence_prepare),
+     * made once when the wrapper is built, or NULL */
+    PyObject *replay_cpp;
 } rt_output;
 
 typedef struct {

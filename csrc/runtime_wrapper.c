@@ -415,6 +415,15 @@ RuntimeWrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         Py_DECREF(self);
         return NULL;
     }
+    /* The view-replay sequences in the C++ part's form, once. */
+    for (Py_ssize_t i = 0; self->plan.outputs != NULL && i < self->plan.n_outputs; i++) {
+        rt_output *o = &self->plan.outputs[i];
+        if (o->replay_sequence != NULL &&
+            rt_view_sequence_prepare(st, o->replay_sequence, &o->replay_cpp) < 0) {
+            Py_DECREF(self);
+            return NULL;
+        }
+    }
     PyObject *first = PyDict_GetItemString(kwargs, "first_invocation"); /* borrowed */
     if (first == NULL) {
         PyErr_SetString(PyExc_TypeError,

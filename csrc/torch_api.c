@@ -303,6 +303,14 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
             return -1;
         }
     }
+    /* nn.Parameter overrides none of the epilogue's methods (the same
+     * descriptors as torch.Tensor's), and its __torch_function__ is the
+     * disabled one the bindings ignore: the C++ part may stand in for its
+     * methods as for torch.Tensor's. */
+    st->parameter_plain = 1;
+    for (int m = 0; m < RT_N_TENSOR_METHODS; m++) {
+        st->parameter_plain &= st->parameter_methods[m] == st->tensor_methods[m];
+    }
     Py_XSETREF(st->requires_grad_descr,
                PyObject_GetAttr((PyObject *)st->Tensor, st->str_requires_grad));
     if (st->requires_grad_descr == NULL) {
@@ -880,6 +888,128 @@ rt_tensor_requires_grad(rt_state *st, PyObject *self)
     return v;
 }
 
+/* ---- the epilogue's tensor operations ----------------------------------- */
+
+/* x's methods are torch.Tensor's and no __torch_function__ override of
+ * x's would take the call (what the C++ part may stand in for) */
+static int
+plain_tensor_type(rt_state *st, PyObject *x)
+{
+    return Py_IS_TYPE(x, st->Tensor) || (st->parameter_plain && Py_IS_TYPE(x, st->Parameter));
+}
+
+/* The C++ part may run the method of a and b (torch_cpp_api.h epi_*):
+ * plain tensor types and no TorchFunctionMode to hand the call to. */
+static int
+cpp_tensor_op_ok(rt_state *st, PyObject *a, PyObject *b)
+{
+    if (st->cpp == NULL) {
+        return 0;
+    }
+    if (plain_tensor_type(st, a) && plain_tensor_type(st, b) &&
+        !st->cpp->torch_function_mode_enabled()) {
+        return 1;
+    }
+    st->epi_counts[RT_EPI_NOT_OFFERED]++;
+    return 0;
+}
+
+/* An epi_* result, counted: whether the C++ part answered (else the caller
+ * takes the Python route). */
+static int
+cpp_answered(rt_state *st, int rc)
+{
+    if (rc == RT_CPP_DECLINED) {
+        st->epi_counts[RT_EPI_DECLINED]++;
+        return 0;
+    }
+    st->epi_counts[RT_EPI_TAKEN]++;
+    return 1;
+}
+
+static int
+call_discard(rt_state *st, enum rt_tensor_method m, PyObject *self, PyObject *arg)
+{
+    PyObject *r = rt_tensor_call(st, m, self, &arg, 1);
+    if (r == NULL) {
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+int
+rt_tensor_copy_(rt_state *st, PyObject *orig, PyObject *src, int detach)
+{
+    if (cpp_tensor_op_ok(st, orig, src)) {
+        int rc = st->cpp->epi_copy_(orig, src, detach);
+        if (cpp_answered(st, rc)) {
+            return rc;
+        }
+    }
+    if (!detach) {
+        return call_discard(st, RT_COPY_, orig, src);
+    }
+    PyObject *detached = rt_tensor_call(st, RT_DETACH, orig, NULL, 0);
+    if (detached == NULL) {
+        return -1;
+    }
+    int rc = call_discard(st, RT_COPY_, detached, src);
+    Py_DECREF(detached);
+    return rc;
+}
+
+int
+rt_tensor_as_strided_like(rt_state *st, PyObject *orig, PyObject *like)
+{
+    if (cpp_tensor_op_ok(st, orig, like)) {
+        int rc = st->cpp->epi_as_strided_like(orig, like);
+        if (cpp_answered(st, rc)) {
+            return rc;
+        }
+    }
+    PyObject *geometry[3] = {NULL, NULL, NULL};
+    int rc = -1;
+    if ((geometry[0] = rt_tensor_call(st, RT_SIZE, like, NULL, 0)) == NULL ||
+        (geometry[1] = rt_tensor_call(st, RT_STRIDE, like, NULL, 0)) == NULL ||
+        (geometry[2] = rt_tensor_call(st, RT_STORAGE_OFFSET, like, NULL, 0)) == NULL) {
+        goto done;
+    }
+    PyObject *r = rt_tensor_call(st, RT_AS_STRIDED_, orig, geometry, 3);
+    if (r != NULL) {
+        Py_DECREF(r);
+        rc = 0;
+    }
+done:
+    Py_XDECREF(geometry[0]);
+    Py_XDECREF(geometry[1]);
+    Py_XDECREF(geometry[2]);
+    return rc;
+}
+
+int
+rt_tensor_set_(rt_state *st, PyObject *orig, PyObject *src)
+{
+    if (cpp_tensor_op_ok(st, orig, src)) {
+        int rc = st->cpp->epi_set_(orig, src);
+        if (cpp_answered(st, rc)) {
+            return rc;
+        }
+    }
+    return call_discard(st, RT_SET_, orig, src);
+}
+
+int
+rt_view_sequence_prepare(rt_state *st, PyObject *sequence, PyObject **out)
+{
+    *out = NULL;
+    if (st->cpp == NULL) {
+        return 0;
+    }
+    *out = st->cpp->epi_view_sequence(sequence);
+    return *out == NULL && PyErr_Occurred() ? -1 : 0;
+}
+
 int
 rt_increment_version(rt_state *st, PyObject *tensors)
 {
@@ -919,16 +1049,31 @@ rt_gen_alias_from_base(rt_state *st, PyObject *base, PyObject *out,
 
 PyObject *
 rt_alias_by_view_replay(rt_state *st, PyObject *base, PyObject *target,
-                        int requires_grad, PyObject *sequence)
+                        int requires_grad, PyObject *sequence, PyObject *sequence_cpp)
 {
+    /* Upstream's branch reads out.shape, target.shape and base.requires_grad
+     * (getters a TorchFunctionMode takes) and calls out.detach(). */
+    if (sequence_cpp == NULL) {
+        if (st->cpp != NULL) {
+            st->epi_counts[RT_EPI_NOT_OFFERED]++;
+        }
+    }
+    else if (cpp_tensor_op_ok(st, base, target)) {
+        PyObject *out = NULL;
+        int rc = st->cpp->epi_view_replay(sequence_cpp, base, target, requires_grad, &out);
+        if (cpp_answered(st, rc)) {
+            return out;
+        }
+    }
     PyObject *argv[2] = {base, sequence};
     PyObject *out = PyObject_Vectorcall(st->apply_view_meta_sequence, argv, 2, NULL);
     if (out == NULL) {
         return NULL;
     }
-    /* if out.shape != target_meta_tensor.shape: upstream raises */
-    PyObject *out_shape = rt_tensor_call(st, RT_SIZE, out, NULL, 0);
-    PyObject *target_shape = out_shape ? rt_tensor_call(st, RT_SIZE, target, NULL, 0) : NULL;
+    /* if out.shape != target_meta_tensor.shape: upstream raises (the
+     * getters, as upstream reads them: a TorchFunctionMode sees them) */
+    PyObject *out_shape = PyObject_GetAttr(out, st->str_shape);
+    PyObject *target_shape = out_shape ? PyObject_GetAttr(target, st->str_shape) : NULL;
     int same = target_shape ? PyObject_RichCompareBool(out_shape, target_shape, Py_EQ) : -1;
     Py_XDECREF(out_shape);
     Py_XDECREF(target_shape);
@@ -936,7 +1081,10 @@ rt_alias_by_view_replay(rt_state *st, PyObject *base, PyObject *target,
         Py_DECREF(out);
         return NULL;
     }
-    /* patch_requires_grad(out) */
+    /* patch_requires_grad(out):
+     *   if base.requires_grad and not target_requires_grad: out = out.detach()
+     *   elif not base.requires_grad and target_requires_grad: out.requires_grad_(True)
+     * base.requires_grad is read again whenever the first test fails. */
     int base_rg = rt_tensor_requires_grad(st, base);
     if (base_rg < 0) {
         Py_DECREF(out);
@@ -944,8 +1092,14 @@ rt_alias_by_view_replay(rt_state *st, PyObject *base, PyObject *target,
     }
     if (base_rg && !requires_grad) {
         Py_SETREF(out, rt_tensor_call(st, RT_DETACH, out, NULL, 0));
+        return out;
     }
-    else if (!base_rg && requires_grad) {
+    base_rg = rt_tensor_requires_grad(st, base);
+    if (base_rg < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    if (!base_rg && requires_grad) {
         PyObject *arg = Py_True;
         PyObject *r = rt_tensor_call(st, RT_REQUIRES_GRAD_, out, &arg, 1);
         if (r == NULL) {

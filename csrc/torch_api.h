@@ -38,6 +38,16 @@ enum rt_tensor_method {
     RT_N_TENSOR_METHODS
 };
 
+/* The epilogue's tensor operations at the torch door (rt_tensor_copy_,
+ * rt_tensor_as_strided_like, rt_tensor_set_, rt_alias_by_view_replay),
+ * counted by route while the C++ part is in use, for stats(). */
+enum rt_epi_route {
+    RT_EPI_TAKEN = 0,        /* the C++ part ran it */
+    RT_EPI_DECLINED,         /* it declined: a tensor kind, a TorchDispatchMode, ... */
+    RT_EPI_NOT_OFFERED,      /* a TorchFunctionMode, a subclass, a plan without it */
+    RT_EPI_N_ROUTES
+};
+
 typedef struct rt_state {
     PyTypeObject *RuntimeWrapperType;
     int bound;                    /* rt_torch_bind() succeeded */
@@ -74,6 +84,7 @@ typedef struct rt_state {
     PyTypeObject *Parameter;
     PyObject *tensor_methods[RT_N_TENSOR_METHODS];
     PyObject *parameter_methods[RT_N_TENSOR_METHODS];
+    int parameter_plain;                  /* Parameter's methods are Tensor's */
     PyObject *method_names[RT_N_TENSOR_METHODS];
     PyObject *requires_grad_descr;        /* torch.Tensor.requires_grad */
     PyObject *increment_version;          /* torch._C._increment_version */
@@ -149,6 +160,7 @@ typedef struct rt_state {
     PyObject *GraphModule;                /* torch.fx.GraphModule */
     PyObject *str_compiled_autograd_enabled;
     Py_ssize_t node_counts[RT_NODE_N_DECLINED];
+    Py_ssize_t epi_counts[RT_EPI_N_ROUTES];
     /* torch._dynamo.disable's wrapper (dynamo_disable.c) */
     rt_disable_state disable;
     /* the other compiler wrappers (wrappers.h) */
@@ -274,6 +286,20 @@ int rt_tensor_size_stride_equal(rt_state *st, PyObject *x, Py_ssize_t ndim,
                                 PyObject *size_obj, PyObject *stride_obj);
 /* self.requires_grad truth value: 1, 0, -1 */
 int rt_tensor_requires_grad(rt_state *st, PyObject *self);
+/* The mutation epilogue's tensor operations (upstream's
+ * _apply_input_mutations), through the C++ part where it is exact
+ * (torch_cpp_api.h epi_*), else the Python methods: 0, or -1 with an
+ * exception set. */
+/* orig.copy_(src), or orig.detach().copy_(src) when detach */
+int rt_tensor_copy_(rt_state *st, PyObject *orig, PyObject *src, int detach);
+/* orig.as_strided_(like.size(), like.stride(), like.storage_offset()) */
+int rt_tensor_as_strided_like(rt_state *st, PyObject *orig, PyObject *like);
+/* orig.set_(src) (the caller switches grad mode off around it) */
+int rt_tensor_set_(rt_state *st, PyObject *orig, PyObject *src);
+/* The C++ part's form of a ViewMeta sequence the plan replays (a new
+ * reference in *out), or *out NULL where there is none (no C++ part, or a
+ * sequence it cannot take): once per plan. 0, or -1 with an exception. */
+int rt_view_sequence_prepare(rt_state *st, PyObject *sequence, PyObject **out);
 /* torch.autograd.graph.increment_version(tuple) == torch._C._increment_version */
 int rt_increment_version(rt_state *st, PyObject *tensors);
 
@@ -287,9 +313,12 @@ PyObject *rt_gen_alias_from_base(rt_state *st, PyObject *base, PyObject *out,
  * replay_views and a sequence with no symbolic inputs: replay the sequence on
  * the base, check the shape, patch requires_grad. Returns a new reference,
  * or NULL with an exception, or NULL without one when the shapes differ (the
- * caller then runs upstream's gen_alias_from_base, which raises its error). */
+ * caller then runs upstream's gen_alias_from_base, which raises its error).
+ * sequence_cpp: rt_view_sequence_prepare's form of the sequence, or NULL;
+ * with it the C++ part replays where it is exact. */
 PyObject *rt_alias_by_view_replay(rt_state *st, PyObject *base, PyObject *target,
-                                  int requires_grad, PyObject *sequence);
+                                  int requires_grad, PyObject *sequence,
+                                  PyObject *sequence_cpp);
 /* runtime_wrappers.mark_dynamo_propagated_dynamic_indices(t, dims) */
 int rt_mark_dynamic_indices(rt_state *st, PyObject *t, PyObject *dims);
 

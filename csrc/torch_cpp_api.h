@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define RT_CPP_API_VERSION 4
+#define RT_CPP_API_VERSION 5
 #define RT_CPP_CAPSULE_NAME "torch_aot_rt._torch_cpp.api"
 
 typedef struct rt_cpp_api {
@@ -90,11 +90,41 @@ typedef struct rt_cpp_api {
     int (*tensor_size_stride_equal)(PyObject *x, Py_ssize_t ndim, const int64_t *sizes,
                                     const int64_t *strides);
 
+    /* The runtime wrapper's epilogue (csrc/epilogue.c): the tensor methods
+     * upstream's _apply_input_mutations and gen_alias_from_base call, each
+     * what its Python binding does once its arguments are parsed, for the
+     * caller to offer only exact torch.Tensor / nn.Parameter arguments with
+     * no TorchFunctionMode active. Each returns 0, -1 with an exception
+     * set (torch's errors translated as the bindings translate them), or
+     * RT_CPP_DECLINED before anything happened (a tensor the C++ part
+     * leaves to Python, as the queries above; or a TorchDispatchMode
+     * active): then the caller calls the method. */
+    /* orig.copy_(src), or orig.detach().copy_(src) when detach */
+    int (*epi_copy_)(PyObject *orig, PyObject *src, int detach);
+    /* orig.as_strided_(like.size(), like.stride(), like.storage_offset()) */
+    int (*epi_as_strided_like)(PyObject *orig, PyObject *like);
+    /* orig.set_(src) (the caller switches grad mode off around it) */
+    int (*epi_set_)(PyObject *orig, PyObject *src);
+    /* A ViewMeta sequence (the Python list gen_alias_from_base replays) as
+     * the C++ objects behind it, in a capsule (new reference), built once
+     * per plan; NULL with no exception where it cannot be (the Python route
+     * stays), NULL with one on failure. */
+    PyObject *(*epi_view_sequence)(PyObject *sequence);
+    /* gen_alias_from_base's view-replay branch with that capsule:
+     * apply_view_meta_sequence(base, sequence), the shape check against
+     * target (a mismatch is RT_CPP_DECLINED: the caller's route raises
+     * upstream's error) and patch_requires_grad; *out a new reference. */
+    int (*epi_view_replay)(PyObject *sequence_capsule, PyObject *base, PyObject *target,
+                           int requires_grad, PyObject **out);
+
     /* 1 when the node's grad_fn has _input_grad_buffers / input_grad_buffers
      * (built against torch headers with get_current_input_grad_buffers,
      * 2.15 on), else 0: _bind_torch checks it against the release entry. */
     int node_input_grad_buffers;
 } rt_cpp_api;
+
+/* What an epi_* entry returns when it leaves the call to the Python method. */
+#define RT_CPP_DECLINED 1
 
 /* The ctx attributes CompiledForward writes and CompiledBackward reads. */
 enum rt_ctx_field {

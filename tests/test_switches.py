@@ -131,12 +131,14 @@ def test_stats_snapshot_and_reset():
         "torch": expected_torch,
         "cpp": torch_aot_rt.stats()["cpp"],  # not a counter either (test_cpp.py checks it)
         "cpp_node": {k: 0 for k in torch_aot_rt.stats()["cpp_node"]},
+        "cpp_epilogue": {k: 0 for k in torch_aot_rt.stats()["cpp_epilogue"]},
         # its "unavailable" is what install decided, not a counter
         "dynamo_disable": {
             k: (None if k == "unavailable" else 0) for k in torch_aot_rt.stats()["dynamo_disable"]
         },
     }
     assert "taken" in torch_aot_rt.stats()["cpp_node"]
+    assert "taken" in torch_aot_rt.stats()["cpp_epilogue"]
     _compile_and_call()
     assert torch_aot_rt.stats()["runtime_wrappers"] == 1
 

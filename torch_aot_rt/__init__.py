@@ -81,6 +81,10 @@ def stats() -> dict:
     ``TORCH_AOT_RT_CPP=0``). ``cpp_node``: calls of C CompiledFunctions by
     the C++ autograd node's decision: ``taken``, or the reason upstream's
     ``Function.apply`` ran instead (all zero without the C++ part).
+    ``cpp_epilogue``: the runtime wrapper epilogue's tensor operations
+    (mutation ``copy_``/``as_strided_``/``set_``, alias view replay) by
+    route while the C++ part is in use: ``taken`` by it, or why the Python
+    method ran (all zero without the C++ part).
     ``dynamo_disable``: compiled backwards whose ``torch._dynamo.disable``
     wrapper runs in C (``built``) or why not, the calls of those by path
     (``calls in C`` or why upstream's wrapper ran), and ``unavailable``: why
@@ -98,6 +102,7 @@ def stats() -> dict:
     cpp_module, cpp_reason = _state.cpp()
     out["cpp"] = {"module": cpp_module, "reason": cpp_reason}
     out["cpp_node"] = _node_stats()
+    out["cpp_epilogue"] = _epilogue_stats()
     out["dynamo_disable"] = _disable_stats()
     out["dynamo_disable"]["unavailable"] = _state.disable_unavailable()
     return out
@@ -109,6 +114,12 @@ def _node_stats(reset: bool = False) -> dict:
     return _C._node_stats(reset)
 
 
+def _epilogue_stats(reset: bool = False) -> dict:
+    from . import _C
+
+    return _C._epilogue_stats(reset)
+
+
 def _disable_stats(reset: bool = False) -> dict:
     from . import _C
 
@@ -118,6 +129,7 @@ def _disable_stats(reset: bool = False) -> dict:
 def reset_stats() -> None:
     _state.reset_counters()
     _node_stats(reset=True)
+    _epilogue_stats(reset=True)
     _disable_stats(reset=True)
 
 

@@ -223,6 +223,67 @@ PyMethodDef node_methods[] = {
 
 }  // namespace
 
+namespace {
+
+// Garbage collection. Upstream's ctx (a BackwardCFunction, a THPFunction)
+// keeps what CompiledFunction.forward stores on it in its own fields and its
+// __dict__, and THPFunction_traverse / subtype_traverse visit them whatever
+// the node's other owners; its PyNode is reached from a tensor's traverse
+// (THPVariable_traverse visits grad_fn->pyobj() when the tensor is the
+// grad_fn's only owner besides that object). Here the same objects live in
+// the C++ node, whose Python face (this type) plays the ctx's part: torch
+// keeps the face alive as long as the node has other owners (the
+// kHasPyObject preservation of intrusive_ptr<Node>), and the face owns the
+// node. So the face reports the node's Python objects as its own, as the
+// ctx reports its __dict__, and clears them as subtype_clear clears that
+// dict: a cycle through an object saved for backward (an opaque object
+// that refers back to an output or to its grad_fn) is collected exactly
+// when upstream's is. torch's own traverse (THPCppFunction_traverse: the
+// node's hook dicts, only while the face is the node's sole owner) runs
+// first; its type has no tp_clear.
+traverseproc torch_traverse = nullptr;
+
+int face_traverse(PyObject* self, visitproc visit, void* arg) {
+  if (torch_traverse != nullptr) {
+    int rc = torch_traverse(self, visit, arg);
+    if (rc != 0) {
+      return rc;
+    }
+  }
+  Node* cdata = reinterpret_cast<THPCppFunction*>(self)->cdata.get();
+  if (cdata == nullptr) {
+    return 0;
+  }
+  auto* node = static_cast<CompiledFunctionNode*>(cdata);
+  Py_VISIT(node->forward_cls);
+  Py_VISIT(node->to_save);
+  Py_VISIT(node->non_differentiable);
+  Py_VISIT(node->tensors_no_vc_check);
+  Py_VISIT(node->symints);
+  Py_VISIT(node->opaque_objects);
+  Py_VISIT(node->external_objects);
+  return 0;
+}
+
+// THPFunction_clear + the __dict__ clear. forward_cls is kept (a class, as
+// the ctx keeps its type): the node's apply and the face's apply read it.
+int face_clear(PyObject* self) {
+  Node* cdata = reinterpret_cast<THPCppFunction*>(self)->cdata.get();
+  if (cdata == nullptr) {
+    return 0;
+  }
+  auto* node = static_cast<CompiledFunctionNode*>(cdata);
+  Py_CLEAR(node->to_save);
+  Py_CLEAR(node->non_differentiable);
+  Py_CLEAR(node->tensors_no_vc_check);
+  Py_CLEAR(node->symints);
+  Py_CLEAR(node->opaque_objects);
+  Py_CLEAR(node->external_objects);
+  return 0;
+}
+
+}  // namespace
+
 int rt_node_check(PyObject* obj) noexcept {
   return Py_IS_TYPE(obj, &node_type) ? 1 : 0;
 }
@@ -310,6 +371,13 @@ int rt_node_type_init(void) noexcept {
   }
   torch::autograd::_initFunctionPyTypeObject(node_type, kNodeName, node_properties,
                                              node_methods);
+  // Our traverse around torch's, and a clear (see face_traverse). The type
+  // is static, ready and has no subtypes (not a base type): the GC reads
+  // these slots from it on every collection.
+  torch_traverse = node_type.tp_traverse;
+  node_type.tp_traverse = face_traverse;
+  node_type.tp_clear = face_clear;
+  PyType_Modified(&node_type);
   torch::autograd::registerCppFunction(typeid(CompiledFunctionNode), &node_type);
   // torch.autograd.graph.Node's __subclasshook__ recognises C++ nodes by
   // their type being torch._C._functions.<name>.

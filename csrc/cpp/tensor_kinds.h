@@ -5,6 +5,7 @@
 // the plain C++ accessors return.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/DispatchKeySet.h>
 
 namespace rt_tensor_kinds {
@@ -16,5 +17,14 @@ inline constexpr c10::DispatchKeySet kPythonFacing({
     c10::DispatchKey::FuncTorchBatched,
     c10::DispatchKey::Functionalize,
 });
+
+// Where sizes(), strides() and is_view() are what the Python methods
+// return and the tensor's operations run no Python of their own (no Python
+// dispatch, no functorch wrapper, no symbolic sizes, dense strided):
+// otherwise the C++ part leaves the call to the Python method.
+inline bool plain_strided(const at::Tensor& t) {
+  return !t.key_set().has_any(kPythonFacing) && !t.is_nested() && t.layout() == c10::kStrided &&
+         !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+}
 
 }  // namespace rt_tensor_kinds

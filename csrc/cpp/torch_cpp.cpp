@@ -23,6 +23,7 @@
 
 #include "../torch_cpp_api.h"
 #include "compiled_node.h"
+#include "epilogue_ops.h"
 #include "tensor_kinds.h"
 
 namespace {
@@ -81,13 +82,7 @@ PyObject* tls_object(PyObject* key) noexcept {
   return Py_NewRef(obj->ptr(getPyInterpreter()));
 }
 
-// Where sizes(), strides() and is_view() are what the Python methods
-// return (no Python dispatch, no functorch wrapper, no symbolic sizes,
-// dense strided): otherwise the caller asks the method.
-bool plain_strided(const at::Tensor& t) {
-  return !t.key_set().has_any(rt_tensor_kinds::kPythonFacing) && !t.is_nested() &&
-         t.layout() == c10::kStrided && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
-}
+using rt_tensor_kinds::plain_strided;
 
 // THPVariable__is_view, past its torch-function check
 int tensor_is_view(PyObject* x) noexcept {
@@ -142,6 +137,11 @@ const rt_cpp_api api = {
     tls_object,
     tensor_is_view,
     tensor_size_stride_equal,
+    rt_epi_copy_,
+    rt_epi_as_strided_like,
+    rt_epi_set_,
+    rt_epi_view_sequence,
+    rt_epi_view_replay,
     RT_HAS_INPUT_GRAD_BUFFERS,
 };
 
