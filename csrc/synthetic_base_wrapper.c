@@ -109,14 +109,14 @@ group_base(SyntheticBaseWrapper *self, PyObject *args, Py_ssize_t k)
              *storage = NULL, *r = NULL, *a;
     if ((empty = PyObject_GetAttr(self->torch, ws->str_empty)) == NULL ||
         (a = rt_list_item(args, g[0])) == NULL ||
-        (call[1] = PyObject_GetAttr(a, ws->str_dtype)) == NULL ||
+        (call[1] = PyObject_GetAttr(a, self->st->str_dtype)) == NULL ||
         (a = rt_list_item(args, g[0])) == NULL ||
-        (call[2] = PyObject_GetAttr(a, ws->str_device)) == NULL ||
+        (call[2] = PyObject_GetAttr(a, self->st->str_device)) == NULL ||
         (b = PyObject_Vectorcall(empty, call, 1, ws->kwnames_dtype_device)) == NULL) {
         goto done;
     }
     /* _b.set_(args[f].untyped_storage()) */
-    if ((set_ = PyObject_GetAttr(b, ws->str_set_)) == NULL ||
+    if ((set_ = PyObject_GetAttr(b, self->st->method_names[RT_SET_])) == NULL ||
         (a = rt_list_item(args, g[0])) == NULL ||
         (storage = PyObject_VectorcallMethod(ws->str_untyped_storage, &a,
                                              1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL)) == NULL ||
@@ -135,14 +135,15 @@ done:
 
 /* _inp.as_strided_(_mi.size(), _mi.stride(), _mi.storage_offset()) */
 static int
-restride(rt_wrappers_state *ws, PyObject *inp, PyObject *mi)
+restride(rt_state *st, PyObject *inp, PyObject *mi)
 {
-    PyObject *method = PyObject_GetAttr(inp, ws->str_as_strided_);
+    PyObject *method = PyObject_GetAttr(inp, st->method_names[RT_AS_STRIDED_]);
     if (method == NULL) {
         return -1;
     }
     PyObject *margs[3] = {NULL, NULL, NULL}, *r = NULL;
-    PyObject *names[3] = {ws->str_size, ws->str_stride, ws->str_storage_offset};
+    PyObject *names[3] = {st->method_names[RT_SIZE], st->method_names[RT_STRIDE],
+                          st->method_names[RT_STORAGE_OFFSET]};
     int k;
     for (k = 0; k < 3; k++) {
         margs[k] = PyObject_VectorcallMethod(names[k], &mi, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
@@ -229,7 +230,7 @@ SyntheticBaseWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t narg
             }
             break;
         }
-        int rc = restride(&self->st->wrappers, inp, mi);
+        int rc = restride(self->st, inp, mi);
         Py_DECREF(inp);
         Py_DECREF(mi);
         if (rc < 0) {

@@ -106,7 +106,7 @@ rt_state_init(rt_state *st)
         !st->prologue_range_name) {
         return -1;
     }
-    return rt_wrappers_state_init(&st->wrappers);
+    return rt_wrappers_state_init(&st->wrappers, st->str_dtype, st->str_device);
 }
 #undef INTERN
 

@@ -10,20 +10,13 @@
     } while (0)
 
 int
-rt_wrappers_state_init(rt_wrappers_state *ws)
+rt_wrappers_state_init(rt_wrappers_state *ws, PyObject *str_dtype, PyObject *str_device)
 {
     INTERN(str_base, "_base");
-    INTERN(str_dtype, "dtype");
-    INTERN(str_device, "device");
     INTERN(str_untyped_storage, "untyped_storage");
-    INTERN(str_set_, "set_");
     INTERN(str_empty, "empty");
-    INTERN(str_as_strided_, "as_strided_");
-    INTERN(str_size, "size");
-    INTERN(str_stride, "stride");
-    INTERN(str_storage_offset, "storage_offset");
     if ((ws->zero_shape = Py_BuildValue("(i)", 0)) == NULL ||
-        (ws->kwnames_dtype_device = PyTuple_Pack(2, ws->str_dtype, ws->str_device)) == NULL) {
+        (ws->kwnames_dtype_device = PyTuple_Pack(2, str_dtype, str_device)) == NULL) {
         return -1;
     }
     return 0;
@@ -31,9 +24,8 @@ rt_wrappers_state_init(rt_wrappers_state *ws)
 #undef INTERN
 
 #define WRAPPERS_FIELDS(X)                                                  \
-    X(str_base) X(str_dtype) X(str_device) X(str_untyped_storage) X(str_set_) \
-    X(str_empty) X(str_as_strided_) X(str_size) X(str_stride)              \
-    X(str_storage_offset) X(zero_shape) X(kwnames_dtype_device)
+    X(str_base) X(str_untyped_storage) X(str_empty) X(zero_shape)          \
+    X(kwnames_dtype_device)
 
 int
 rt_wrappers_state_traverse(rt_wrappers_state *ws, visitproc visit, void *arg)

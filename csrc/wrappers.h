@@ -23,23 +23,18 @@
 #include <Python.h>
 
 /* Interned names the wrappers look up on per-call objects, as upstream's
- * generated code does (attribute and method look-ups by name). */
+ * generated code does (attribute and method look-ups by name), beyond those
+ * rt_state already has (dtype, device and the tensor method names). */
 typedef struct {
     PyObject *str_base;             /* _base */
-    PyObject *str_dtype;
-    PyObject *str_device;
     PyObject *str_untyped_storage;
-    PyObject *str_set_;
     PyObject *str_empty;
-    PyObject *str_as_strided_;
-    PyObject *str_size;
-    PyObject *str_stride;
-    PyObject *str_storage_offset;
     PyObject *zero_shape;           /* (0,) */
     PyObject *kwnames_dtype_device; /* ("dtype", "device") */
 } rt_wrappers_state;
 
-int rt_wrappers_state_init(rt_wrappers_state *ws);
+/* str_dtype, str_device: rt_state's interned names, for the kwnames */
+int rt_wrappers_state_init(rt_wrappers_state *ws, PyObject *str_dtype, PyObject *str_device);
 int rt_wrappers_state_traverse(rt_wrappers_state *ws, visitproc visit, void *arg);
 void rt_wrappers_state_clear(rt_wrappers_state *ws);
 /* the wrapper types, added to the module */
