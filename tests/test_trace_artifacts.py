@@ -15,8 +15,6 @@ regeneration, detaches, grad mode). With tracing off, no description is built.
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 import re
 import subprocess
@@ -26,7 +24,9 @@ import pytest
 import torch
 from functorch.compile import aot_function, nop
 
+import _trace_log
 import torch_aot_rt
+from _trace_log import split_blocks
 from torch_aot_rt import _trace, _versions
 
 pytestmark = pytest.mark.needs_c
@@ -93,36 +93,10 @@ phase("end")
 '''
 
 
-def split_blocks(payload: str) -> list:
-    """An aot_autograd_runtime_wrappers payload as [(name, text)]: blocks
-    ``# <name>\\n<text>`` joined by a blank line."""
-    parts = re.split(r"(?:\A|\n\n)# ([A-Za-z_][A-Za-z0-9_]*)\n", payload)
-    assert parts[0] == "", payload[:200]
-    return list(zip(parts[1::2], parts[2::2]))
-
-
 def read_artifacts(trace_dir):
     """[(name, payload)] of the runtime-wrapper artifacts and the phase
     markers, in log order."""
-    out = []
-    for path in sorted(glob.glob(os.path.join(trace_dir, "*.log"))):
-        with open(path) as f:
-            lines = f.read().splitlines()
-        for i, line in enumerate(lines):
-            start = line.find("{")
-            if start < 0 or '"artifact"' not in line:
-                continue
-            meta = json.loads(line[start:])
-            name = meta["artifact"]["name"]
-            if name not in OURS + (AGGREGATED, MARKER):
-                continue
-            payload = []
-            for more in lines[i + 1:]:
-                if not more.startswith("\t"):
-                    break
-                payload.append(more[1:])
-            out.append((name, "\n".join(payload)))
-    return out
+    return _trace_log.read_artifacts(trace_dir, OURS + (AGGREGATED, MARKER))
 
 
 def by_phase(artifacts) -> dict:

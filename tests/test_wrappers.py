@@ -30,6 +30,7 @@ import torch._functorch._aot_autograd.runtime_wrappers as rw
 from functorch.compile import aot_function
 
 import _differential as D
+from _trace_log import read_artifacts, split_blocks
 import torch_aot_rt
 
 # ---------------------------------------------------------------------------
@@ -910,30 +911,12 @@ _TRACED = ("dedup_wrapper", "synthetic_base_wrapper", "effect_tokens_wrapper")
 def _wrapper_sources(trace_dir) -> list:
     """[(name, source)] of the three wrappers' generated sources, in log order:
     their own artifacts (2.13, 2.14) or blocks of 2.15's aggregated one."""
-    import glob
-    import json
-    import os
-
     out = []
-    for path in sorted(glob.glob(os.path.join(trace_dir, "*.log"))):
-        with open(path) as f:
-            lines = f.read().splitlines()
-        for i, line in enumerate(lines):
-            start = line.find("{")
-            if start < 0 or '"artifact"' not in line:
-                continue
-            name = json.loads(line[start:])["artifact"]["name"]
-            payload = []
-            for more in lines[i + 1:]:
-                if not more.startswith("\t"):
-                    break
-                payload.append(more[1:])
-            text = "\n".join(payload)
-            if name in _TRACED:
-                out.append((name, text))
-            elif name == "aot_autograd_runtime_wrappers":
-                parts = re.split(r"(?:\A|\n\n)# ([A-Za-z_][A-Za-z0-9_]*)\n", text)
-                out += [(b, t) for b, t in zip(parts[1::2], parts[2::2]) if b in _TRACED]
+    for name, text in read_artifacts(trace_dir, _TRACED + ("aot_autograd_runtime_wrappers",)):
+        if name in _TRACED:
+            out.append((name, text))
+        else:
+            out += [(b, t) for b, t in split_blocks(text) if b in _TRACED]
     return out
 
 
