@@ -126,6 +126,35 @@ done:
     return restrided;
 }
 
+/* x.<method>(memory_format=mf): the method found on torch.Tensor once for an
+ * exact tensor, else looked up on x, as upstream's Python does. */
+static PyObject *
+call_with_memory_format(rt_state *st, enum rt_tensor_method m, PyObject *x, PyObject *mf)
+{
+    PyObject *argv[2] = {x, mf};
+    if (Py_IS_TYPE(x, st->Tensor)) {
+        return PyObject_Vectorcall(st->tensor_methods[m], argv, 1, st->kwnames_memory_format);
+    }
+    return PyObject_VectorcallMethod(st->method_names[m], argv,
+                                     1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                     st->kwnames_memory_format);
+}
+
+/* coerce_to_expected_memory_format's memory-format branch (a new reference):
+ *     if not x.is_contiguous(memory_format=mf):
+ *         x = x.contiguous(memory_format=mf) */
+static PyObject *
+coerce_memory_format(rt_state *st, PyObject *x, PyObject *mf)
+{
+    PyObject *r = call_with_memory_format(st, RT_IS_CONTIGUOUS, x, mf);
+    int contiguous = r ? PyObject_IsTrue(r) : -1;
+    Py_XDECREF(r);
+    if (contiguous < 0) {
+        return NULL;
+    }
+    return contiguous ? Py_NewRef(x) : call_with_memory_format(st, RT_CONTIGUOUS, x, mf);
+}
+
 /* AOTDispatchAutograd.process_runtime_tangent(x, meta, j, ...)[0] with the
  * common case, a plain torch.Tensor, in C: coerce_to_expected_memory_format
  * (a no-op when strides, or the memory format, already match; else a
@@ -135,30 +164,15 @@ process_tangent(CompiledBackward *self, const tangent_plan *t, PyObject *x)
 {
     rt_state *st = self->st;
     if (Py_IS_TYPE(x, st->Tensor) && t->kind != TANGENT_PYTHON) {
-        int same;
-        if (t->kind == TANGENT_STRIDES) {
-            same = rt_tensor_size_stride_equal(st, x, t->ndim, t->sizes, t->strides, t->size,
+        if (t->kind == TANGENT_MEMORY_FORMAT) {
+            return coerce_memory_format(st, x, t->memory_format);
+        }
+        int same = rt_tensor_size_stride_equal(st, x, t->ndim, t->sizes, t->strides, t->size,
                                                t->stride);
-        }
-        else {
-            PyObject *argv[2] = {x, t->memory_format};
-            PyObject *r = PyObject_Vectorcall(st->tensor_methods[RT_IS_CONTIGUOUS], argv, 1,
-                                              st->kwnames_memory_format);
-            same = r ? PyObject_IsTrue(r) : -1;
-            Py_XDECREF(r);
-        }
         if (same < 0) {
             return NULL;
         }
-        if (same) {
-            return Py_NewRef(x);
-        }
-        if (t->kind == TANGENT_STRIDES) {
-            return restride_tangent(st, t, x);
-        }
-        PyObject *argv[2] = {x, t->memory_format};
-        return PyObject_Vectorcall(st->tensor_methods[RT_CONTIGUOUS], argv, 1,
-                                   st->kwnames_memory_format);
+        return same ? Py_NewRef(x) : restride_tangent(st, t, x);
     }
     if (!Py_IS_TYPE(x, st->Tensor)) {
         int is_tensor = rt_is_tensor(st, x);
@@ -336,24 +350,11 @@ subclass_tangent_leaves(CompiledBackward *self, const tangent_plan *t, PyObject 
     /* coerce_to_expected_memory_format(x, meta.memory_format): the memory
      * format branch (decided at build) */
     {
-        PyObject *argv[2] = {cur, n->memory_format};
-        PyObject *r = PyObject_VectorcallMethod(st->method_names[RT_IS_CONTIGUOUS], argv,
-                                                1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                                st->kwnames_memory_format);
-        int contiguous = r ? PyObject_IsTrue(r) : -1;
-        Py_XDECREF(r);
-        if (contiguous < 0) {
+        PyObject *c = coerce_memory_format(st, cur, n->memory_format);
+        if (c == NULL) {
             goto done;
         }
-        if (!contiguous) {
-            PyObject *c = PyObject_VectorcallMethod(st->method_names[RT_CONTIGUOUS], argv,
-                                                    1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                                    st->kwnames_memory_format);
-            if (c == NULL) {
-                goto done;
-            }
-            Py_SETREF(cur, c);
-        }
+        Py_SETREF(cur, c);
     }
     traceable = traceable_subclass(st, cur);
     if (traceable <= 0) {
