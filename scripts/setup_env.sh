@@ -78,6 +78,19 @@ _pip_install() {
     return "$rc"
 }
 
+# A torch install needs room: a CUDA build's venv is 5 to 7 GB, and pip keeps the
+# wheels in its cache as well. A full disk otherwise shows up as a broken download
+# deep in pip ("Connection broken: OSError(28...)"); say so plainly, before pip.
+_require_free_space() {
+    case " $1 " in *" torch=="*) ;; *) return 0 ;; esac
+    local need_gb=10 free_gb
+    free_gb=$(df -Pk "$ROOT" | awk 'NR == 2 { print int($4 / 1048576) }')
+    if [ "$free_gb" -lt "$need_gb" ]; then
+        _log "only $free_gb GB free on the disk holding $ROOT; installing torch into $VENV needs about $need_gb GB (a CUDA build's venv plus pip's cache). Free some space and rerun."
+        return 1
+    fi
+}
+
 setup_torch_env() {
     local version="$1"
     torch_env "$version"
@@ -124,6 +137,7 @@ print(" ".join(missing))
 EOF
 )"
     if [ -n "$missing" ]; then
+        _require_free_space "$missing"
         _log "installing into $VENV: $missing"
         local t0=$SECONDS
         # $missing is a space-separated list of requirement specs; split on purpose.
