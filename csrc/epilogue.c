@@ -72,7 +72,7 @@ apply_mutation(rt_state *st, const rt_plan *plan, const rt_mutation *m,
 }
 
 /* fw_outs[i] as a new reference. The list is the compiled function's and
- * Python code runs between reads (gen_alias_from_base), so read it afresh,
+ * Python code runs between reads (a view function, a subclass's methods), so read it afresh,
  * bounds-checked, each time instead of keeping borrowed items. */
 static PyObject *
 fw_out(PyObject *all_outs, Py_ssize_t num_mutated, Py_ssize_t i)
@@ -124,15 +124,15 @@ replay_output(rt_state *st, const rt_plan *plan, Py_ssize_t i,
         Py_DECREF(base);
         return NULL;
     }
-    result = NULL;
+    /* gen_alias_from_base: the recorded ViewMeta sequence replayed where
+     * upstream replays it, else its view-function / as_strided branches */
     if (o->replay_sequence != NULL) {
-        /* C fast path of gen_alias_from_base's view-replay branch */
         result = rt_alias_by_view_replay(st, base, target, o->requires_grad == Py_True,
                                          o->replay_sequence, o->replay_cpp);
     }
-    if (result == NULL && !PyErr_Occurred()) {
-        result = rt_gen_alias_from_base(st, base, target, o->requires_grad,
-                                        o->view_meta_sequence, plan->replay_views);
+    else {
+        result = rt_alias_from_base(st, base, target, o->requires_grad == Py_True,
+                                    plan->alias_translates_storage_offset);
     }
     Py_DECREF(base);
     Py_DECREF(target);

@@ -3,7 +3,7 @@
 
 static const char *const PLAN_KEYS[] = {
     "trace_joint", "disable_amp", "capture", "capture_order", "bump", "detach", "num_mutated",
-    "expected_outs", "mutations", "outputs", "replay_views", "dynamic_dims",
+    "expected_outs", "mutations", "outputs", "alias_translates_storage_offset", "dynamic_dims",
     "grad_enabled_mutation", "first_invocation", "disable_saved_tensors_hooks",
     NULL,
 };
@@ -236,7 +236,7 @@ parse_outputs(rt_plan *plan, PyObject *kwargs)
     if (v == Py_None) {
         return 0;
     }
-    PyObject *seq = parse_records(v, "outputs", 6);
+    PyObject *seq = parse_records(v, "outputs", 5);
     if (seq == NULL) {
         return -1;
     }
@@ -279,8 +279,7 @@ parse_outputs(rt_plan *plan, PyObject *kwargs)
         o->index = index;
         o->unwrap_base = unwrap == Py_True;
         o->requires_grad = Py_NewRef(rg);
-        o->view_meta_sequence = Py_NewRef(PyTuple_GET_ITEM(rec, 4));
-        PyObject *replay = PyTuple_GET_ITEM(rec, 5);
+        PyObject *replay = PyTuple_GET_ITEM(rec, 4);
         if (replay != Py_None) {
             if (!PyList_Check(replay) && !PyTuple_Check(replay)) {
                 PyErr_Format(PyExc_ValueError,
@@ -346,14 +345,13 @@ rt_plan_parse(rt_plan *plan, PyObject *compiled_fn, PyObject *kwargs)
         return -1;
     }
     plan->compiled_fn = Py_NewRef(compiled_fn);
-    bool replay_views;
     if (rt_plan_bool(kwargs, "trace_joint", &plan->trace_joint) < 0 ||
         rt_plan_bool(kwargs, "disable_amp", &plan->disable_amp) < 0 ||
         rt_plan_bool(kwargs, "disable_saved_tensors_hooks", &plan->disable_saved_hooks) < 0 ||
-        rt_plan_bool(kwargs, "replay_views", &replay_views) < 0) {
+        rt_plan_bool(kwargs, "alias_translates_storage_offset",
+                     &plan->alias_translates_storage_offset) < 0) {
         return -1;
     }
-    plan->replay_views = Py_NewRef(replay_views ? Py_True : Py_False);
     if (rt_plan_indices(kwargs, "capture", &plan->n_capture, &plan->capture) < 0 ||
         rt_plan_indices(kwargs, "capture_order", &plan->n_capture_order,
                         &plan->capture_order) < 0 ||
@@ -423,7 +421,6 @@ rt_plan_traverse(rt_plan *plan, visitproc visit, void *arg)
 {
     Py_VISIT(plan->compiled_fn);
     for (Py_ssize_t i = 0; i < plan->n_outputs; i++) {
-        Py_VISIT(plan->outputs[i].view_meta_sequence);
         Py_VISIT(plan->outputs[i].replay_sequence);
         Py_VISIT(plan->outputs[i].replay_cpp);
     }
@@ -437,11 +434,9 @@ void
 rt_plan_clear(rt_plan *plan)
 {
     Py_CLEAR(plan->compiled_fn);
-    Py_CLEAR(plan->replay_views);
     if (plan->outputs) {
         for (Py_ssize_t i = 0; i < plan->n_outputs; i++) {
             Py_CLEAR(plan->outputs[i].requires_grad);
-            Py_CLEAR(plan->outputs[i].view_meta_sequence);
             Py_CLEAR(plan->outputs[i].replay_sequence);
             Py_CLEAR(plan->outputs[i].replay_cpp);
         }

@@ -43,7 +43,6 @@ typedef struct {
     bool unwrap_base;         /* base is a user output wrapped in TensorAlias */
     Py_ssize_t index;         /* captured-input slot, or index into fw_outs */
     PyObject *requires_grad;  /* Py_True / Py_False (immortal enough: owned) */
-    PyObject *view_meta_sequence;
     /* view_meta_sequence.sequence when gen_alias_from_base would replay it
      * (replay_views, no symbolic inputs: decided at build), else NULL */
     PyObject *replay_sequence;
@@ -63,7 +62,7 @@ typedef struct {
     bool disable_amp;
     bool disable_saved_hooks;
     int grad_enabled_mutation; /* -1: none; else the grad mode to set at the end */
-    PyObject *replay_views;   /* Py_True / Py_False */
+    bool alias_translates_storage_offset; /* Release field of that name */
 
     Py_ssize_t n_capture;     /* inputs kept past the call: epilogue_args_idx, */
     Py_ssize_t *capture;      /* deduplicated: one slot per input */

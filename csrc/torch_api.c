@@ -89,21 +89,15 @@ rt_state_init(rt_state *st)
         (st->args_false = PyTuple_Pack(1, Py_False)) == NULL) {
         return -1;
     }
-    PyObject *rv = PyUnicode_InternFromString("replay_views");
-    if (rv == NULL) {
-        return -1;
-    }
-    st->kwnames_replay_views = PyTuple_Pack(1, rv);
-    Py_DECREF(rv);
-    if (st->kwnames_replay_views == NULL) {
-        return -1;
-    }
     st->stream_error_message = PyUnicode_FromString(STREAM_ERROR_MESSAGE);
     st->saved_hooks_error_message = PyUnicode_FromString(SAVED_HOOKS_ERROR_MESSAGE);
     st->prologue_range_name =
         PyUnicode_FromString("AOTDispatcher Runtime Wrapper Prologue");
     if (!st->stream_error_message || !st->saved_hooks_error_message ||
         !st->prologue_range_name) {
+        return -1;
+    }
+    if (rt_alias_state_init(&st->alias) < 0) {
         return -1;
     }
     return rt_wrappers_state_init(&st->wrappers, st->str_dtype, st->str_device);
@@ -322,8 +316,9 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
     }
     BIND(increment_version, "torch._C", "_increment_version");
     BIND(TensorAlias, "torch._functorch._aot_autograd.schemas", "TensorAlias");
-    BIND(gen_alias_from_base, "torch._functorch._aot_autograd.runtime_wrappers",
-         "gen_alias_from_base");
+    if (rt_alias_state_bind(&st->alias) < 0) {
+        return -1;
+    }
     BIND(apply_view_meta_sequence, "torch._C._functionalization", "apply_view_meta_sequence");
     {
         PyObject *profiler = lookup("torch.autograd.profiler", NULL);
@@ -359,13 +354,13 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
     X(is_view_replay_enabled) X(set_view_replay_enabled) X(DisableAutocast) \
     X(DisableAutocast_enter) X(DisableAutocast_exit) X(Tensor) X(Parameter) \
     X(requires_grad_descr) X(increment_version) X(TensorAlias)            \
-    X(gen_alias_from_base) X(apply_view_meta_sequence) X(profiler_globals) X(dynamo_config)           \
+    X(apply_view_meta_sequence) X(profiler_globals) X(dynamo_config)           \
     X(RecordFunctionFast) X(prologue_range_name)                          \
     X(saved_hooks_get_disabled_message) X(saved_hooks_disable)            \
     X(saved_hooks_enable) X(saved_hooks_error_message) X(str_alias)       \
     X(str_dynamic_indices) X(str_is_first) X(str_enter) X(str_exit)       \
     X(str_is_profiler_enabled) X(str_record_runtime_overhead)             \
-    X(str_requires_grad) X(kwnames_replay_views) X(stream_error_message)  \
+    X(str_requires_grad) X(stream_error_message)  \
     X(wrapper_qualname) X(FunctionApplyType) X(CompiledForwardType)            \
     X(CompiledBackwardType) X(BackwardThunkType) X(ApplyBoxedType) X(FunctionBase)          \
     X(function_base_apply) X(maybe_clear_saved_tensors)                   \
@@ -402,6 +397,10 @@ rt_state_traverse(rt_state *st, visitproc visit, void *arg)
     if (rc != 0) {
         return rc;
     }
+    rc = rt_alias_state_traverse(&st->alias, visit, arg);
+    if (rc != 0) {
+        return rc;
+    }
     return rt_disable_traverse(&st->disable, visit, arg);
 }
 
@@ -418,6 +417,7 @@ rt_state_clear(rt_state *st)
     }
     rt_disable_clear(&st->disable);
     rt_wrappers_state_clear(&st->wrappers);
+    rt_alias_state_clear(&st->alias);
     st->cpp = st->cpp_loaded = NULL; /* its capsule was cleared above */
     st->bound = 0;
 }
@@ -1037,14 +1037,27 @@ rt_unwrap_tensoralias(rt_state *st, PyObject *x)
     return PyObject_GetAttr(x, st->str_alias);
 }
 
-PyObject *
-rt_gen_alias_from_base(rt_state *st, PyObject *base, PyObject *out,
-                       PyObject *requires_grad, PyObject *view_meta_sequence,
-                       PyObject *replay_views)
+/* upstream's AssertionError, its message reading both shapes again:
+ * f"... {tuple(out.shape)} (actual) vs {tuple(target_meta_tensor.shape)} (expected)" */
+static void
+shape_mismatch_error(rt_state *st, PyObject *out, PyObject *target)
 {
-    PyObject *argv[5] = {base, out, requires_grad, view_meta_sequence, replay_views};
-    return PyObject_Vectorcall(st->gen_alias_from_base, argv, 4,
-                               st->kwnames_replay_views);
+    PyObject *shapes[2] = {NULL, NULL};
+    PyObject *objs[2] = {out, target};
+    for (int k = 0; k < 2; k++) {
+        PyObject *shape = PyObject_GetAttr(objs[k], st->str_shape);
+        shapes[k] = shape ? PySequence_Tuple(shape) : NULL;
+        Py_XDECREF(shape);
+        if (shapes[k] == NULL) {
+            Py_XDECREF(shapes[0]);
+            return;
+        }
+    }
+    PyErr_Format(PyExc_AssertionError,
+                 "incorrect out shape after application of ViewMeta sequence: "
+                 "%R (actual) vs %R (expected)", shapes[0], shapes[1]);
+    Py_DECREF(shapes[0]);
+    Py_DECREF(shapes[1]);
 }
 
 PyObject *
@@ -1070,44 +1083,21 @@ rt_alias_by_view_replay(rt_state *st, PyObject *base, PyObject *target,
     if (out == NULL) {
         return NULL;
     }
-    /* if out.shape != target_meta_tensor.shape: upstream raises (the
+    /* if out.shape != target_meta_tensor.shape: raise AssertionError (the
      * getters, as upstream reads them: a TorchFunctionMode sees them) */
     PyObject *out_shape = PyObject_GetAttr(out, st->str_shape);
     PyObject *target_shape = out_shape ? PyObject_GetAttr(target, st->str_shape) : NULL;
     int same = target_shape ? PyObject_RichCompareBool(out_shape, target_shape, Py_EQ) : -1;
     Py_XDECREF(out_shape);
     Py_XDECREF(target_shape);
+    if (same == 0) {
+        shape_mismatch_error(st, out, target);
+    }
     if (same <= 0) {
         Py_DECREF(out);
         return NULL;
     }
-    /* patch_requires_grad(out):
-     *   if base.requires_grad and not target_requires_grad: out = out.detach()
-     *   elif not base.requires_grad and target_requires_grad: out.requires_grad_(True)
-     * base.requires_grad is read again whenever the first test fails. */
-    int base_rg = rt_tensor_requires_grad(st, base);
-    if (base_rg < 0) {
-        Py_DECREF(out);
-        return NULL;
-    }
-    if (base_rg && !requires_grad) {
-        Py_SETREF(out, rt_tensor_call(st, RT_DETACH, out, NULL, 0));
-        return out;
-    }
-    base_rg = rt_tensor_requires_grad(st, base);
-    if (base_rg < 0) {
-        Py_DECREF(out);
-        return NULL;
-    }
-    if (!base_rg && requires_grad) {
-        PyObject *arg = Py_True;
-        PyObject *r = rt_tensor_call(st, RT_REQUIRES_GRAD_, out, &arg, 1);
-        if (r == NULL) {
-            Py_CLEAR(out);
-        }
-        Py_XDECREF(r);
-    }
-    return out;
+    return rt_patch_requires_grad(st, base, out, requires_grad);
 }
 
 int

@@ -18,6 +18,7 @@
 #include <Python.h>
 #include <stdbool.h>
 
+#include "alias_from_base.h"
 #include "dynamo_disable.h"
 #include "torch_cpp_api.h"
 #include "wrappers.h"
@@ -89,7 +90,6 @@ typedef struct rt_state {
     PyObject *requires_grad_descr;        /* torch.Tensor.requires_grad */
     PyObject *increment_version;          /* torch._C._increment_version */
     PyObject *TensorAlias;                /* aot_autograd schemas.TensorAlias */
-    PyObject *gen_alias_from_base;        /* runtime_wrappers.gen_alias_from_base */
     PyObject *apply_view_meta_sequence;   /* torch._C._functionalization.<same> */
     /* profiler range */
     PyObject *profiler_globals;           /* torch.autograd.profiler.__dict__ */
@@ -165,6 +165,8 @@ typedef struct rt_state {
     rt_disable_state disable;
     /* the other compiler wrappers (wrappers.h) */
     rt_wrappers_state wrappers;
+    /* gen_alias_from_base's other branches (alias_from_base.c) */
+    rt_alias_state alias;
 
     /* interned names and prebuilt constants */
     PyObject *str_to_save;
@@ -202,7 +204,6 @@ typedef struct rt_state {
     PyObject *str_is_profiler_enabled;
     PyObject *str_record_runtime_overhead;
     PyObject *str_requires_grad;
-    PyObject *kwnames_replay_views;       /* ("replay_views",) */
     PyObject *stream_error_message;
     PyObject *wrapper_qualname;
 } rt_state;
@@ -305,15 +306,21 @@ int rt_increment_version(rt_state *st, PyObject *tensors);
 
 /* runtime_wrappers._unwrap_tensoralias(x): new reference to x.alias */
 PyObject *rt_unwrap_tensoralias(rt_state *st, PyObject *x);
-/* gen_alias_from_base(base, out, requires_grad, vms, replay_views=rv) */
-PyObject *rt_gen_alias_from_base(rt_state *st, PyObject *base, PyObject *out,
-                                 PyObject *requires_grad, PyObject *view_meta_sequence,
-                                 PyObject *replay_views);
+/* gen_alias_from_base(base, target, target_requires_grad) without a
+ * ViewMeta sequence to replay (alias_from_base.c): target._view_func(base)
+ * when target._base is not None and that gives the target's shape, else
+ * as_strided on the target's geometry. translate_storage_offset: 2.14's
+ * storage-offset translation when base and target have different storages.
+ * A new reference, or NULL with an exception. */
+PyObject *rt_alias_from_base(rt_state *st, PyObject *base, PyObject *target,
+                             int target_requires_grad, int translate_storage_offset);
+/* gen_alias_from_base's patch_requires_grad(out); steals out */
+PyObject *rt_patch_requires_grad(rt_state *st, PyObject *base, PyObject *out,
+                                 int target_requires_grad);
 /* gen_alias_from_base's view-replay branch, for a plan that established
  * replay_views and a sequence with no symbolic inputs: replay the sequence on
- * the base, check the shape, patch requires_grad. Returns a new reference,
- * or NULL with an exception, or NULL without one when the shapes differ (the
- * caller then runs upstream's gen_alias_from_base, which raises its error).
+ * the base, check the shape (upstream's AssertionError), patch
+ * requires_grad. Returns a new reference, or NULL with an exception.
  * sequence_cpp: rt_view_sequence_prepare's form of the sequence, or NULL;
  * with it the C++ part replays where it is exact. */
 PyObject *rt_alias_by_view_replay(rt_state *st, PyObject *base, PyObject *target,

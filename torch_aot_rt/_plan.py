@@ -116,9 +116,9 @@ def _outputs(runtime_metadata, slot_of, OutputType, replay_views):
             OutputType.unsafe_view_alias,
             OutputType.custom_function_view,
         ):
-            plan.append((OUT_PASS, 0, False, False, None, None))
+            plan.append((OUT_PASS, 0, False, False, None))
         elif kind == OutputType.is_input:
-            plan.append((OUT_IS_INPUT, slot_of[info.base_idx], False, False, None, None))
+            plan.append((OUT_IS_INPUT, slot_of[info.base_idx], False, False, None))
         elif kind == OutputType.alias_of_input:
             plan.append(
                 (
@@ -126,7 +126,6 @@ def _outputs(runtime_metadata, slot_of, OutputType, replay_views):
                     slot_of[info.base_idx],
                     False,
                     bool(info.requires_grad),
-                    info.view_meta_sequence,
                     _replay_sequence(info, replay_views),
                 )
             )
@@ -147,7 +146,6 @@ def _outputs(runtime_metadata, slot_of, OutputType, replay_views):
                     base,
                     unwrap_base,
                     bool(info.requires_grad),
-                    info.view_meta_sequence,
                     _replay_sequence(info, replay_views),
                 )
             )
@@ -192,7 +190,7 @@ def make_plan(compiled_fn, *, runtime_metadata, indices_of_inps_to_detach,
             expected_outs=num_mutated + meta.num_outputs + meta.num_intermediate_bases,
             mutations=_mutations(meta, slot_of),
             outputs=_outputs(meta, slot_of, OutputType, replay_views),
-            replay_views=replay_views,
+            alias_translates_storage_offset=_state.release().alias_translates_storage_offset,
             dynamic_dims=_dynamic_dims(meta),
             grad_enabled_mutation=meta.grad_enabled_mutation,
             first_invocation=rw._FirstInvocationContext(),

@@ -77,8 +77,12 @@ def _output_lines(plan) -> list[str]:
         return ["  outputs: returned as the graph returned them (no aliased outputs)"]
     capture = plan["capture"]
     lines = []
-    for i, (kind, base, unwrap_base, requires_grad, vms, replay) in enumerate(outputs):
-        how = "replaying its view functions" if replay is not None else "gen_alias_from_base"
+    for i, (kind, base, unwrap_base, requires_grad, replay) in enumerate(outputs):
+        how = (
+            "replaying its view functions"
+            if replay is not None
+            else "its autograd view function, else as_strided"
+        )
         if kind == OUT_PASS:
             what = "as returned"
         elif kind == OUT_IS_INPUT:

@@ -112,6 +112,11 @@ class Release:
     # is_fake_tensor(x), which also asks torch._C._is_fake_tensor(x) (2.14 on).
     # The C backward asks the same for a subclass tangent it processes itself.
     tangent_fake_check_cpp: bool
+    # gen_alias_from_base's as_strided fallback: 2.14 adds the aliased base's
+    # storage_offset() to the target's when their untyped storages differ
+    # (`_cdata`: inductor's copy_misaligned_inputs cloned the input); 2.13
+    # uses the target's offset as it is.
+    alias_translates_storage_offset: bool
 
     def __post_init__(self) -> None:
         # the registry exists exactly where the forward snapshots it; only a
@@ -147,6 +152,7 @@ VERIFIED: tuple[Release, ...] = (
         subclass_outputs_by_cursor=False,
         subclass_act_inputs="act_input_indices",
         tangent_fake_check_cpp=False,
+        alias_translates_storage_offset=False,
     ),
     Release(
         series=(2, 14),
@@ -166,6 +172,7 @@ VERIFIED: tuple[Release, ...] = (
         subclass_outputs_by_cursor=True,
         subclass_act_inputs="act_input_paths",
         tangent_fake_check_cpp=True,
+        alias_translates_storage_offset=True,
     ),
     Release(
         series=(2, 15),
@@ -185,6 +192,7 @@ VERIFIED: tuple[Release, ...] = (
         subclass_outputs_by_cursor=True,
         subclass_act_inputs="act_input_paths",
         tangent_fake_check_cpp=True,
+        alias_translates_storage_offset=True,
     ),
 )
 
