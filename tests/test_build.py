@@ -332,9 +332,45 @@ def test_cpp_series():
         assert _cpp.torch_series(version) == series
     for series in _cpp.CPP_SERIES:
         assert _cpp.headers_unsupported(series) is None
-    for minor in (10, 11, 12, 16):
+    for minor in (10, 16):
         assert _cpp.headers_unsupported((2, minor)) == (
             f"torch 2.{minor}'s headers are not supported by the C++ part (it builds against "
             "torch 2.13, 2.14, 2.15: torch::autograd::Node owned by c10::intrusive_ptr)"
         )
+    # compiles against them (csrc/cpp/node_ptr.h), but the node is not theirs yet
+    assert _cpp.NODE_NOT_UPSTREAMS == ((2, 11), (2, 12))
+    for minor in (11, 12):
+        assert _cpp.headers_unsupported((2, minor)) == (
+            f"torch 2.{minor}'s headers are not supported by the C++ part yet (it compiles "
+            "against them, torch::autograd::Node owned by std::shared_ptr, but its autograd "
+            "node is not that release's PyNode: the ctx it owns and the unboxed backward "
+            "call; it builds against torch 2.13, 2.14, 2.15)"
+        )
     assert _cpp.headers_unsupported(None).startswith("a torch of unknown series is not supported")
+
+
+def test_node_ownership_spelled_in_one_place():
+    """Who owns a torch::autograd::Node (c10::intrusive_ptr from torch 2.13,
+    std::shared_ptr on 2.11/2.12) is written in csrc/cpp/node_ptr.h only;
+    the rest of the C++ part goes through NodePtr / make_node /
+    face_owns_node (comments aside)."""
+    import re
+
+    folder = os.path.join(ROOT, "csrc", "cpp")
+    spelled = re.compile(
+        r"intrusive_ptr|make_intrusive|enable_shared_from_this|use_count\s*\("
+        r"|(?:shared|weak)_ptr\s*<\s*(?:torch::autograd::)?(?:Node|CompiledFunctionNode)\b"
+    )
+    found = []
+    for name in sorted(os.listdir(folder)):
+        if name == "node_ptr.h" or not name.endswith((".cpp", ".h")):
+            continue
+        with open(os.path.join(folder, name)) as f:
+            for i, line in enumerate(f, 1):
+                code = line.split("//", 1)[0]
+                if spelled.search(code):
+                    found.append(f"{name}:{i}: {line.strip()}")
+    assert found == []
+    with open(os.path.join(folder, "node_ptr.h")) as f:
+        header = f.read()
+    assert "c10::intrusive_ptr<T>" in header and "std::shared_ptr<T>" in header

@@ -22,10 +22,9 @@ import re
 CPP_ENV = "TORCH_AOT_RT_CPP"
 
 # The torch series whose headers the C++ part (csrc/cpp/) compiles against.
-# From 2.13 on, torch::autograd::Node is owned by c10::intrusive_ptr, which the
-# node code relies on; before, by std::shared_ptr (2.10's function.h:
-# `struct Node : std::enable_shared_from_this<Node>`; 2.11 and 2.12, issue 17,
-# where the compile failed the install). 2.15's headers were checked to build.
+# From 2.13 on, torch::autograd::Node is owned by c10::intrusive_ptr; before,
+# by std::shared_ptr (2.10's function.h: `struct Node :
+# std::enable_shared_from_this<Node>`). 2.15's headers were checked to build.
 # setup.py compiles the part only for these series.
 CPP_SERIES = ((2, 13), (2, 14), (2, 15))
 
@@ -48,6 +47,18 @@ def torch_series(torch_version: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+# Series whose headers the C++ part compiles against (csrc/cpp/node_ptr.h
+# holds the shared_ptr ownership; TORCH_AOT_RT_CPP_FORCE=1 builds it) but
+# whose upstream node its autograd node does not reproduce yet, so that it is
+# not built there (issue 19): their PyNode owns its Python ctx (one grad_fn
+# object for the node's life, which a reference cycle through what forward
+# saved on it takes part in: collected), and calls ctx.apply(*grads) (no
+# boxed_grads_call). The C++ node is a THPCppFunction face over a
+# shared_ptr-owned node: a new face whenever the last one died, and saved
+# Python objects the GC sees only through a face that owns the node alone.
+NODE_NOT_UPSTREAMS = ((2, 11), (2, 12))
+
+
 def headers_unsupported(series: tuple[int, int] | None) -> str | None:
     """Why setup.py does not compile the C++ part against a series' headers,
     or None when it does."""
@@ -55,6 +66,13 @@ def headers_unsupported(series: tuple[int, int] | None) -> str | None:
         return None
     which = "torch %d.%d's headers are" % series if series else "a torch of unknown series is"
     supported = ", ".join("%d.%d" % s for s in CPP_SERIES)
+    if series in NODE_NOT_UPSTREAMS:
+        return (
+            f"{which} not supported by the C++ part yet (it compiles against them, "
+            "torch::autograd::Node owned by std::shared_ptr, but its autograd node is not "
+            "that release's PyNode: the ctx it owns and the unboxed backward call; it builds "
+            f"against torch {supported})"
+        )
     return (
         f"{which} not supported by the C++ part (it builds against torch "
         f"{supported}: torch::autograd::Node owned by c10::intrusive_ptr)"

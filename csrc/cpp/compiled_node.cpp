@@ -236,7 +236,7 @@ at::Tensor view_as_self(const at::Tensor& x) {
 }
 
 // process_outputs + _wrap_outputs + _save_variables
-PyObject* process_outputs(const c10::intrusive_ptr<CompiledFunctionNode>& node,
+PyObject* process_outputs(const NodePtr<CompiledFunctionNode>& node,
                           const variable_list& input_vars, THPObjectPtr raw_output,
                           bool is_executable) {
   bool unpack_output = false;
@@ -273,12 +273,12 @@ PyObject* process_outputs(const c10::intrusive_ptr<CompiledFunctionNode>& node,
     TORCH_INTERNAL_ASSERT(false, "torch_aot_rt: jvp requested from CompiledFunctionBackward");
     return variable_list();
   };
-  c10::intrusive_ptr<Node> cdata;
+  NodePtr<Node> cdata;
   if (is_executable) {
     cdata = node;
   }
 #if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14
-  c10::intrusive_ptr<Node> attached_node;
+  NodePtr<Node> attached_node;
   auto wrapped = torch::autograd::_wrap_outputs(input_vars, non_differentiable, {},
                                                 raw_output_vars, cdata, jvp_fn, {},
                                                 view_as_self, false, attached_node);
@@ -373,7 +373,7 @@ PyObject* rt_node_apply(PyObject* cls, PyObject* args, int* declined) noexcept {
   }
   const bool is_executable = c10::GradMode::is_enabled() && any_requires_grad;
   // Node() takes the next sequence number, as PyNode's construction does.
-  auto node = c10::make_intrusive<CompiledFunctionNode>();
+  auto node = make_node<CompiledFunctionNode>();
   if (is_executable) {
     node->set_next_edges(torch::autograd::collect_next_edges(input_vars));
   }

@@ -240,7 +240,10 @@ namespace {
 // that refers back to an output or to its grad_fn) is collected exactly
 // when upstream's is. torch's own traverse (THPCppFunction_traverse: the
 // node's hook dicts, only while the face is the node's sole owner) runs
-// first; its type has no tp_clear.
+// first; its type has no tp_clear. Both ask node_ptr.h's face_owns_node,
+// which is where this ownership is spelled: on shared_ptr headers (2.11,
+// 2.12, not built) the face is one owner among others, so it reports and
+// clears the node's objects only while it is the sole one.
 traverseproc torch_traverse = nullptr;
 
 int face_traverse(PyObject* self, visitproc visit, void* arg) {
@@ -250,11 +253,11 @@ int face_traverse(PyObject* self, visitproc visit, void* arg) {
       return rc;
     }
   }
-  Node* cdata = reinterpret_cast<THPCppFunction*>(self)->cdata.get();
-  if (cdata == nullptr) {
+  auto* face = reinterpret_cast<THPCppFunction*>(self);
+  if (!face_owns_node(face)) {
     return 0;
   }
-  auto* node = static_cast<CompiledFunctionNode*>(cdata);
+  auto* node = static_cast<CompiledFunctionNode*>(face->cdata.get());
   Py_VISIT(node->forward_cls);
   Py_VISIT(node->to_save);
   Py_VISIT(node->non_differentiable);
@@ -268,11 +271,11 @@ int face_traverse(PyObject* self, visitproc visit, void* arg) {
 // THPFunction_clear + the __dict__ clear. forward_cls is kept (a class, as
 // the ctx keeps its type): the node's apply and the face's apply read it.
 int face_clear(PyObject* self) {
-  Node* cdata = reinterpret_cast<THPCppFunction*>(self)->cdata.get();
-  if (cdata == nullptr) {
+  auto* face = reinterpret_cast<THPCppFunction*>(self);
+  if (!face_owns_node(face)) {
     return 0;
   }
-  auto* node = static_cast<CompiledFunctionNode*>(cdata);
+  auto* node = static_cast<CompiledFunctionNode*>(face->cdata.get());
   Py_CLEAR(node->to_save);
   Py_CLEAR(node->non_differentiable);
   Py_CLEAR(node->tensors_no_vc_check);

@@ -29,6 +29,7 @@
 
 #include "../torch_cpp_api.h"
 #include "compiled_node.h"
+#include "node_ptr.h"
 
 namespace rt_node {
 
