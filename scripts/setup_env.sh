@@ -39,8 +39,21 @@ cd "$ROOT"
 # shellcheck disable=SC2034  # read by the scripts that source this file
 TORCH_RELEASES=(2.13.0 2.14.1 2.15.0)
 CANARY_RELEASES=(2.10.0 2.11.0)
+# The releases whose headers the C++ part is built against (torch_aot_rt/_cpp.py
+# CPP_SERIES); on the other verified releases it is not built, and the suite's two
+# configurations would be the same run: it runs once there.
+# shellcheck disable=SC2034  # read by the scripts that source this file
+CPP_RELEASES=(2.13.0 2.14.1 2.15.0)
 
 _log() { printf '[setup] %s\n' "$*" >&2; }
+
+has_cpp_part() {
+    local v
+    for v in "${CPP_RELEASES[@]}"; do
+        if [ "$v" = "$1" ]; then return 0; fi
+    done
+    return 1
+}
 
 is_canary() {
     local v

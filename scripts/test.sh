@@ -51,9 +51,11 @@ fi
 
 # configs_of VERSION: the TORCH_AOT_RT_CPP values it runs with.
 # A canary has one: as a user runs it (no TORCH_AOT_RT_CPP; setup.py skips the
-# C++ part there, see scripts/setup_env.sh), whatever TORCH_AOT_RT_CPP says.
+# C++ part there, see scripts/setup_env.sh), whatever TORCH_AOT_RT_CPP says. So
+# has a verified release the C++ part is not built for (not in CPP_RELEASES):
+# both configurations would run the C core alone.
 configs_of() {
-    if is_canary "$1"; then
+    if is_canary "$1" || ! has_cpp_part "$1"; then
         echo 1
     elif [ -n "${TORCH_AOT_RT_CPP:-}" ]; then
         echo "$TORCH_AOT_RT_CPP"
@@ -65,6 +67,7 @@ configs_of() {
 label_of() { # VERSION CPP
     local what
     if [ "$2" = "0" ]; then what="C core alone (TORCH_AOT_RT_CPP=0)"
+    elif ! has_cpp_part "$1"; then what="C core (the C++ part is not built for it)"
     else what="with the C++ part"; fi
     if is_canary "$1"; then echo "torch $1, canary (installed and run as a user would)"
     else echo "torch $1, $what"; fi
@@ -75,7 +78,7 @@ label_of() { # VERSION CPP
 tag_of() {
     if [ "$2" = "setup" ]; then echo "$1/setup:"
     elif is_canary "$1"; then echo "$1/canary:"
-    elif [ "$2" = "0" ]; then echo "$1/c-core:"
+    elif [ "$2" = "0" ] || ! has_cpp_part "$1"; then echo "$1/c-core:"
     else echo "$1/cpp:"; fi
 }
 

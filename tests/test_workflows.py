@@ -65,3 +65,15 @@ def test_releases_match_setup_env():
     jobs = _workflow_jobs()
     assert _matrix_torch(jobs["cpu"]) == releases + canaries
     assert _matrix_torch(jobs["cuda"]) == releases
+
+
+def test_cpp_releases_match_cpp_series():
+    """scripts/setup_env.sh's CPP_RELEASES (the releases the suite runs with
+    and without the C++ part) are the verified releases whose series
+    torch_aot_rt/_cpp.py builds the C++ part for."""
+    from torch_aot_rt import _cpp
+
+    releases = _setup_env_list("TORCH_RELEASES")
+    cpp = _setup_env_list("CPP_RELEASES")
+    series = {r: tuple(int(x) for x in r.split(".")[:2]) for r in releases}
+    assert cpp == [r for r in releases if series[r] in _cpp.CPP_SERIES], (cpp, releases)
