@@ -243,6 +243,100 @@ def test_tangent_of_the_wrong_type_raises_as_upstream(device):
     assert off[0][1] == "RuntimeError", off
 
 
+class Tagged(TwoTensor):
+    """A TwoTensor whose flatten metadata is a tag (propagated by its ops):
+    a tangent with another tag than the forward output's has other metadata,
+    which process_runtime_tangent's maybe_coerce hands to
+    ``__coerce_same_metadata_as_tangent__`` (or raises without it)."""
+
+    coerce = "method"  # "method", "none" (returns None), "missing" (AttributeError)
+    calls: list = []
+
+    @staticmethod
+    def __new__(cls, a, b, tag=0, outer_size=None, outer_stride=None):
+        return TwoTensor.__new__(cls, a, b, outer_size, outer_stride)
+
+    def __init__(self, a, b, tag=0, outer_size=None, outer_stride=None):
+        super().__init__(a, b)
+        self.tag = tag
+
+    def __tensor_flatten__(self):
+        return ["a", "b"], self.tag
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return Tagged(inner["a"], inner["b"], meta, outer_size, outer_stride)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args, kwargs=None):
+        import torch.utils._pytree as pytree
+        from torch.utils._python_dispatch import return_and_correct_aliasing
+
+        kwargs = kwargs or {}
+        tag = next(x.tag for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, Tagged))
+        (aa, ka), (ab, kb) = (pytree.tree_map_only(Tagged, f, (args, kwargs))
+                              for f in (lambda x: x.a, lambda x: x.b))
+        fa, spec = pytree.tree_flatten(func(*aa, **ka))
+        fb = pytree.tree_leaves(func(*ab, **kb))
+        flat = [Tagged(a, b, tag) if isinstance(a, torch.Tensor) else a for a, b in zip(fa, fb)]
+        return return_and_correct_aliasing(func, args, kwargs, pytree.tree_unflatten(flat, spec))
+
+    def __getattribute__(self, name):
+        if name == "__coerce_same_metadata_as_tangent__" and Tagged.coerce == "missing":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        Tagged.calls.append((self.tag, expected_metadata, expected_type))
+        if Tagged.coerce == "none":
+            return None
+        return Tagged(self.a, self.b, expected_metadata)
+
+
+@pytest.mark.parametrize("coerce", ["method", "none", "missing"])
+def test_tangent_metadata_coerced_as_upstream(coerce, monkeypatch):
+    """A subclass tangent whose flatten metadata differs from the forward
+    output's: the C backward calls ``__coerce_same_metadata_as_tangent__``
+    with the expected metadata, as upstream's maybe_coerce, and gets the same
+    gradients; where the subclass has no such method, or it returns None,
+    the same error."""
+    from functorch.compile import aot_function, nop
+
+    monkeypatch.setattr(Tagged, "coerce", coerce)
+
+    def f(x):
+        return x * 2 + 1
+
+    seen = {}
+    for use_c in (False, True):
+        monkeypatch.setattr(Tagged, "calls", [])
+        rec = seen[use_c] = []
+        before = D.torch_aot_rt.stats()
+        with D.runtime(use_c):
+            g = aot_function(f, fw_compiler=nop, bw_compiler=nop)
+            for k in range(2):
+                torch.manual_seed(k)
+                x = Tagged(torch.randn(4), torch.randn(4), tag=1).requires_grad_()
+                y = g(x)
+                try:
+                    y.backward(Tagged(torch.ones(4), torch.ones(4) * k, tag=7))
+                except Exception as e:  # noqa: BLE001
+                    rec.append((type(e).__name__, str(e)))
+                else:
+                    rec.append((type(x.grad).__name__, x.grad.tag, x.grad.a.tolist(),
+                                x.grad.b.tolist()))
+        rec.append(list(Tagged.calls))
+        after = D.torch_aot_rt.stats()
+        if use_c:
+            assert after["autograd_functions"] == before["autograd_functions"] + 1
+            assert after["fallbacks"] == before["fallbacks"], after["fallback_reasons"]
+    assert seen[False] == seen[True], seen
+    if coerce == "method":
+        assert seen[True][0][:2] == ("Tagged", 1) and seen[True][-1] == [(7, 1, None)] * 2
+    else:
+        assert seen[True][0][0] == "RuntimeError", seen
+
+
 # ---------------------------------------------------------------------------
 # nested jagged tensors
 
