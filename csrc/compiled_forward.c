@@ -144,7 +144,8 @@ save_from_forward(CompiledForward *self, PyObject *ctx, PyObject *fw_outs)
             PyErr_SetString(PyExc_IndexError, "list index out of range");
             goto done;
         }
-        if (rt_mark_dynamic_indices(st, PyList_GET_ITEM(target, at), self->dynamic_dims[k]) < 0) {
+        if (rt_mark_dynamic_indices(st, PyList_GET_ITEM(target, at), self->dynamic_dims[k],
+                                    st->str_dynamic_indices) < 0) {
             goto done;
         }
     }

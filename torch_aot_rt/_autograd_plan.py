@@ -257,6 +257,11 @@ def install_c_function(cls, spec, release):
     from . import _C
 
     meta = spec.fw_metadata
+    if not release.boxed_backward:
+        raise Unsupported(
+            f"CompiledFunction: torch {release.name}'s reference CompiledFunction "
+            "(unboxed backward) is not mirrored in C"
+        )
     if meta.is_rng_op_functionalized:
         raise Unsupported("CompiledFunction: functionalized RNG ops")
     try:
