@@ -153,17 +153,39 @@ class Release:
     prologue_range_exited_on_error: bool = True
     # CompiledFunction.backward takes the grads boxed (boxed_grads_call,
     # BackwardCFunction.apply_boxed, backward(ctx, grads_list): 2.13 on);
-    # 2.11/2.12's reference CompiledFunction takes them unboxed, runs
-    # _backward_prologue_functional / _backward_epilogue_functional and scans
-    # the args for double backward. The C forward/backward mirror the boxed
-    # one only: elsewhere CompiledFunction stays upstream's, counted.
+    # 2.11/2.12's reference CompiledFunction takes them unboxed
+    # (backward(ctx, *flat_args), called by BackwardCFunction.apply) and runs
+    # _backward_prologue_functional / _backward_epilogue_functional, which
+    # the generated 2.13 prologue/epilogue do step for step
+    # -> backward plan bit boxed_grads; no C apply_boxed; no C++ node.
     boxed_backward: bool = True
+    # the double-backward guard: 2.13's generated backward tests only
+    # torch.is_grad_enabled() when an input requires grad, and scans all_args
+    # for a tensor requiring grad otherwise; 2.11/2.12 always scan
+    # -> the backward plan's inputs_require_grad is False.
+    double_backward_scans_args: bool = False
+    # the compiled forward is called through call_func_at_runtime_with_args
+    # (2.11/2.12), which warns and unpacks the args for an unboxed compiled
+    # forward; 2.13's generated forward calls it with the list. The C forward
+    # calls it boxed: an unboxed one keeps upstream's CompiledFunction.
+    forward_checks_boxed_call: bool = False
     # The other per-call layers (compiler wrappers, subclass wrapper,
     # SerializableCompiledFunction, params prepend, saved-tensors-hooks guard,
     # torch._dynamo.disable's wrapper) are mirrored for this release; where
-    # not (2.11/2.12: their upstream code differs, see compatibility.md),
-    # each stays upstream's, counted.
+    # not (2.11, a candidate whose code differs in each), they all stay
+    # upstream's, counted.
     per_call_layers_mirrored: bool = True
+    # The compiler wrappers whose post_compile returns a reference closure
+    # (2.12: effect tokens, synthetic base, functionalized RNG) instead of a
+    # generated function (2.13 on): _wrappers builds its C objects from what
+    # a generated function reads, so these stay upstream's, counted.
+    closure_compiler_wrappers: tuple[str, ...] = ()
+    # The generated subclass wrapper and backward subclass functions are
+    # compiled under a path Dynamo skips (2.13 on: f"{__file__}:codegen(...)");
+    # 2.12 compiles them as "<name>", frames Dynamo's eval-frame hook may
+    # intercept: our C objects have no frame, so on 2.12 the subclass wrapper
+    # and CompiledFunction of subclass graphs stay upstream's, counted.
+    subclass_wrapper_mirrored: bool = True
 
     def __post_init__(self) -> None:
         # the registry exists exactly where the forward snapshots it; only a
@@ -271,7 +293,13 @@ CANDIDATES: tuple[Release, ...] = tuple(
         invoker_checks_args_list=True,
         updated_alias_inline_check=True,
         boxed_backward=False,
-        per_call_layers_mirrored=False,
+        double_backward_scans_args=True,
+        forward_checks_boxed_call=True,
+        per_call_layers_mirrored=series >= (2, 12),
+        closure_compiler_wrappers=(
+            "EffectTokensWrapper", "AOTSyntheticBaseWrapper", "FunctionalizedRngRuntimeWrapper",
+        ),
+        subclass_wrapper_mirrored=False,
         prologue_range_exited_on_error=series >= (2, 12),
     )
     for series in ((2, 11), (2, 12))
