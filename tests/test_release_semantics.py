@@ -1075,3 +1075,40 @@ def test_211_prologue_range_plan_bit():
     for release, exits in ((REL_211, False), (REL_212, True), (RELEASE, True)):
         _, plan = _wrapper(f_mut_leaf, [x.clone()], release)
         assert plan["prologue_range_exited_on_error"] is exits, release.name
+
+
+def test_212_backward_takes_grads_unboxed(monkeypatch):
+    """2.12's CompiledFunction.backward(ctx, *flat_args): the C backward
+    built with 2.12's plan takes the grads as arguments (and gives what the
+    boxed call gives with the installed release's plan, which refuses them
+    unboxed with upstream's AssertionError); its double-backward guard
+    scans the args."""
+    from torch_aot_rt import _state
+
+    def f(a, b):
+        return (a * b + 1, (a @ b.t()).sin())
+
+    grads = (torch.ones(3, 4), torch.ones(3, 3))
+    results = {}
+    for release in (REL_212, RELEASE):
+        monkeypatch.setattr(_state, "release", lambda release=release: release)
+        _seeded()
+        a, b = leaf(3, 4), leaf(3, 4)
+        with T.c_runtime(True):
+            outs = aot_function(f, fw_compiler=nop, bw_compiler=nop)(a, b)
+        monkeypatch.undo()
+        gf = outs[0].grad_fn
+        cls = gf._forward_cls
+        assert type(cls.__dict__["backward"].__func__).__name__ == "CompiledBackward"
+        with torch.no_grad():
+            if release is REL_212:
+                got = cls.backward(gf, *grads)
+                with pytest.raises(AssertionError, match="expected 2 grad_outs, got 1"):
+                    cls.backward(gf, list(grads))
+            else:
+                got = cls.backward(gf, list(grads))
+                with pytest.raises(AssertionError, match="single mutable list"):
+                    cls.backward(gf, *grads)
+        results[release.name] = [None if g is None else g.clone() for g in got]
+    first, second = results.values()
+    assert all(torch.equal(x, y) for x, y in zip(first, second))
