@@ -93,6 +93,20 @@ def _check_release(rw, rel) -> None:
             f"ViewAndMutationMeta.saved_tensor_is_graph_input differs from torch {rel.name}"
         )
     rw._FirstInvocationContext  # noqa: B018 (on every verified release)
+    from torch.autograd.function import BackwardCFunction
+
+    boxed = hasattr(BackwardCFunction, "apply_boxed")
+    if boxed != rel.boxed_backward:
+        raise RuntimeError(
+            f"BackwardCFunction.apply_boxed is{'' if boxed else ' not'} there, "
+            f"unlike torch {rel.name}"
+        )
+    generated = hasattr(rw, "_codegen_epilogue")
+    if generated != rel.runtime_wrapper_generated:
+        raise RuntimeError(
+            f"runtime_wrappers._codegen_epilogue is{'' if generated else ' not'} there, "
+            f"unlike torch {rel.name}"
+        )
     registry = rw.__dict__.get("index_to_external_object_weakref")
     kind = None if registry is None else type(registry).__name__
     if kind != rel.external_objects_registry:
