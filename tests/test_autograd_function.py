@@ -1462,7 +1462,10 @@ def test_saved_tensors_and_grads_released():
         # arrive as arguments (a tuple, left as it was)
         assert results[use_c]["grads_lists"] == (
             [[]] if T.BOXED_BACKWARD else [("not a list", 2)]), results[use_c]
-        assert not any(alive), alive
+        if T.BOXED_BACKWARD:
+            # 2.11/2.12's upstream (unboxed) leaves some of them alive: there
+            # the comparison below requires the C path to leave the same ones
+            assert not any(alive), alive
         assert isinstance(err, dict) and err["type"] == "RuntimeError", err
     D.assert_same(results[False], results[True], "released")
 
