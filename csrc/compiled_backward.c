@@ -63,6 +63,9 @@ typedef struct {
     bool restore_external_objects; /* 2.14: ctx._external_objects -> registry */
     bool restore_by_setter;        /* 2.15: through set_external_object_by_index */
     bool copy_context;             /* 2.14: impl_fn runs in context.copy() */
+    /* backward(ctx, grads_list) (boxed_grads_call, 2.13 on), or 2.11/2.12's
+     * backward(ctx, *flat_args) */
+    bool boxed_grads;
     Py_ssize_t expected_grad_outs;
     Py_ssize_t num_backward_tokens;
     Py_ssize_t n_surviving;
@@ -855,14 +858,40 @@ CompiledBackward_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
     CompiledBackward *self = (CompiledBackward *)op;
     rt_state *st = self->st;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs != 2 || kwnames != NULL || !PyList_Check(argv[1])) {
-        /* Not the boxed call autograd makes: upstream's backward binds the
-         * arguments and raises its own errors ("expects grads as a single
-         * mutable list", missing ctx, ...). */
-        return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
+    PyObject *ctx, *grads, *flat_args = NULL;
+    if (self->boxed_grads) {
+        if (nargs != 2 || kwnames != NULL || !PyList_Check(argv[1])) {
+            /* Not the boxed call autograd makes: upstream's backward binds the
+             * arguments and raises its own errors ("expects grads as a single
+             * mutable list", missing ctx, ...). */
+            return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
+        }
+        ctx = argv[0];
+        grads = Py_NewRef(argv[1]);
     }
-    PyObject *ctx = argv[0];
-    PyObject *grads = argv[1];
+    else {
+        /* 2.11/2.12: backward(ctx, *flat_args), as BackwardCFunction.apply
+         * calls it; anything else is bound (and refused) by upstream's. The
+         * grads stay referenced by the tuple flat_args until the backward
+         * returns, as upstream's *flat_args; the prologue reads them from a
+         * list of our own, which it clears. */
+        if (nargs < 1 || kwnames != NULL) {
+            return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
+        }
+        ctx = argv[0];
+        flat_args = PyTuple_New(nargs - 1);
+        if (flat_args == NULL) {
+            return NULL;
+        }
+        for (Py_ssize_t i = 1; i < nargs; i++) {
+            PyTuple_SET_ITEM(flat_args, i - 1, Py_NewRef(argv[i]));
+        }
+        grads = PySequence_List(flat_args);
+        if (grads == NULL) {
+            Py_DECREF(flat_args);
+            return NULL;
+        }
+    }
     PyObject *saved = NULL, *symints = NULL, *opaque = NULL, *all_args = NULL;
     PyObject *result = NULL, *impl_fn = NULL, *cc = NULL;
 
@@ -975,6 +1004,8 @@ CompiledBackward_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
         result = PyObject_CallNoArgs(impl_fn);
     }
 done:
+    Py_DECREF(grads);
+    Py_XDECREF(flat_args);
     Py_XDECREF(saved);
     Py_XDECREF(symints);
     Py_XDECREF(opaque);
@@ -1220,7 +1251,7 @@ CompiledBackward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     int err = 0;
     PyObject *v;
-    bool b[9];
+    bool b[10];
     if ((self->upstream = rt_callable_or_null(kwargs, "upstream", &err)) == NULL) {
         if (!err) {
             PyErr_SetString(PyExc_ValueError, "plan: upstream must be callable");
@@ -1256,6 +1287,7 @@ CompiledBackward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         rt_plan_bool(kwargs, "restore_external_objects", &b[6]) < 0 ||
         rt_plan_bool(kwargs, "copy_context", &b[7]) < 0 ||
         rt_plan_bool(kwargs, "restore_by_setter", &b[8]) < 0 ||
+        rt_plan_bool(kwargs, "boxed_grads", &b[9]) < 0 ||
         (v = rt_plan_required(kwargs, "expected_grad_outs")) == NULL ||
         rt_index_or_none(v, "expected_grad_outs", &self->expected_grad_outs) < 0 ||
         (v = rt_plan_required(kwargs, "num_backward_tokens")) == NULL ||
@@ -1272,6 +1304,7 @@ CompiledBackward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->restore_external_objects = b[6];
     self->copy_context = b[7];
     self->restore_by_setter = b[8];
+    self->boxed_grads = b[9];
     if (self->restore_external_objects && self->st->external_objects == NULL) {
         PyErr_SetString(PyExc_ValueError,
                         "plan: restore_external_objects on a torch bound without the registry");

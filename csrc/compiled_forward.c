@@ -25,6 +25,10 @@ typedef struct {
     Py_ssize_t n_dynamic;
     Py_ssize_t *dynamic_idx;
     PyObject **dynamic_dims;
+    /* the attribute they are stamped on, interned: 2.13's
+     * mark_dynamo_propagated_dynamic_indices, or 2.11/2.12's
+     * maybe_mark_dynamic_helper (_dynamo_weak_dynamic_indices) */
+    PyObject *dynamic_attr;
     index_array metadata_wraps;   /* mutated inputs with metadata-only mutations */
     index_array unsafe_views;
     index_array aliased_outs;
@@ -144,7 +148,8 @@ save_from_forward(CompiledForward *self, PyObject *ctx, PyObject *fw_outs)
             PyErr_SetString(PyExc_IndexError, "list index out of range");
             goto done;
         }
-        if (rt_mark_dynamic_indices(st, PyList_GET_ITEM(target, at), self->dynamic_dims[k]) < 0) {
+        if (rt_mark_dynamic_indices(st, PyList_GET_ITEM(target, at), self->dynamic_dims[k],
+                                    self->dynamic_attr) < 0) {
             goto done;
         }
     }
@@ -524,6 +529,15 @@ CompiledForward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         goto fail;
     }
     self->compiled_fw = Py_NewRef(v);
+    if ((v = rt_plan_required(kwargs, "dynamic_dims_attr")) == NULL) {
+        goto fail;
+    }
+    if (!PyUnicode_CheckExact(v)) {
+        PyErr_SetString(PyExc_ValueError, "plan: dynamic_dims_attr must be a str");
+        goto fail;
+    }
+    self->dynamic_attr = Py_NewRef(v);
+    PyUnicode_InternInPlace(&self->dynamic_attr);
     self->rng_add = rt_callable_or_null(kwargs, "rng_add_forward_args", &err);
     if (err || (v = rt_plan_required(kwargs, "backward_state_index")) == NULL ||
         rt_index_or_none(v, "backward_state_index", &self->backward_state_index) < 0 ||
@@ -644,6 +658,7 @@ CompiledForward_clear(CompiledForward *self)
     Py_CLEAR(self->upstream);
     Py_CLEAR(self->compiled_fw);
     Py_CLEAR(self->rng_add);
+    Py_CLEAR(self->dynamic_attr);
     for (Py_ssize_t k = 0; k < self->n_dynamic; k++) {
         Py_CLEAR(self->dynamic_dims[k]);
     }

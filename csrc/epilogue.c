@@ -3,7 +3,10 @@
  * Mirrors _RuntimeForwardEpilogue.finalize in runtime_wrappers.py, in the
  * shape _create_runtime_wrapper's generated code gives it: arity check,
  * _apply_input_mutations, _replay_output_aliases, dynamic dims, and
- * grad_enabled_mutation. Every branch was chosen when the plan was built.
+ * grad_enabled_mutation (on 2.11/2.12, the reference Python itself: the
+ * plan bits updated_alias_inline_check, RT_MUT_LEAF_STREAM_ERROR and
+ * dynamic_attr say where it differs). Every branch was chosen when the plan
+ * was built.
  */
 #include "epilogue.h"
 
@@ -34,8 +37,10 @@ apply_mutation(rt_state *st, const rt_plan *plan, const rt_mutation *m,
     case RT_MUT_METADATA: {
         /* In training these arrive wrapped in TensorAlias, so that the
          * autograd.Function does not treat them as outputs. */
-        PyObject *u = plan->trace_joint ? rt_unwrap_tensoralias(st, updated)
-                                        : Py_NewRef(updated);
+        PyObject *u = !plan->trace_joint ? Py_NewRef(updated)
+                      : plan->updated_alias_inline_check
+                          ? rt_unwrap_updated_input(st, updated)
+                          : rt_unwrap_tensoralias(st, updated);
         if (u == NULL) {
             return -1;
         }
@@ -59,6 +64,12 @@ apply_mutation(rt_state *st, const rt_plan *plan, const rt_mutation *m,
             }
             if (rg) {
                 return rt_tensor_copy_(st, orig, updated, 1);
+            }
+            /* 2.11/2.12: `if meta.is_leaf and original_inpt.requires_grad: ...
+             * else:` reaches the user-stream check for this leaf too */
+            if (m->flags & RT_MUT_LEAF_STREAM_ERROR) {
+                PyErr_SetObject(PyExc_RuntimeError, st->stream_error_message);
+                return -1;
             }
         }
         else if (m->flags & RT_MUT_STREAM_ERROR) {
@@ -188,7 +199,8 @@ rt_finalize(rt_state *st, const rt_plan *plan, PyObject *const *captured,
             PyErr_SetString(PyExc_IndexError, "list index out of range");
             goto fail;
         }
-        if (rt_mark_dynamic_indices(st, PyList_GET_ITEM(ret, d->out_index), d->dims) < 0) {
+        if (rt_mark_dynamic_indices(st, PyList_GET_ITEM(ret, d->out_index), d->dims,
+                                    plan->dynamic_attr) < 0) {
             goto fail;
         }
     }

@@ -5,6 +5,8 @@ static const char *const PLAN_KEYS[] = {
     "trace_joint", "disable_amp", "capture", "capture_order", "bump", "detach", "num_mutated",
     "expected_outs", "mutations", "outputs", "alias_translates_storage_offset", "dynamic_dims",
     "grad_enabled_mutation", "first_invocation", "disable_saved_tensors_hooks",
+    "dynamic_dims_attr", "view_replay_forced", "args_list_check", "updated_alias_inline_check",
+    "prologue_range_exited_on_error",
     NULL,
 };
 
@@ -204,7 +206,7 @@ parse_mutations(rt_plan *plan, PyObject *kwargs)
         Py_ssize_t slot, kind, flags;
         if (as_index(PyTuple_GET_ITEM(rec, 0), "mutation slot", plan->n_capture, &slot) < 0 ||
             as_index(PyTuple_GET_ITEM(rec, 1), "mutation kind", RT_MUT_DATA + 1, &kind) < 0 ||
-            as_index(PyTuple_GET_ITEM(rec, 2), "mutation flags", 8, &flags) < 0) {
+            as_index(PyTuple_GET_ITEM(rec, 2), "mutation flags", 16, &flags) < 0) {
             goto done;
         }
         if (flags != 0 && kind != RT_MUT_DATA) {
@@ -216,6 +218,11 @@ parse_mutations(rt_plan *plan, PyObject *kwargs)
         if ((flags & RT_MUT_LEAF) && (flags & RT_MUT_STREAM_ERROR)) {
             PyErr_Format(PyExc_ValueError,
                          "plan: mutation %zd cannot be both leaf and stream error", i);
+            goto done;
+        }
+        if ((flags & RT_MUT_LEAF_STREAM_ERROR) && !(flags & RT_MUT_LEAF)) {
+            PyErr_Format(PyExc_ValueError,
+                         "plan: mutation %zd has a leaf stream error but is not a leaf", i);
             goto done;
         }
         plan->mutations[i] = (rt_mutation){slot, (uint8_t)kind, (uint8_t)flags};
@@ -349,9 +356,25 @@ rt_plan_parse(rt_plan *plan, PyObject *compiled_fn, PyObject *kwargs)
         rt_plan_bool(kwargs, "disable_amp", &plan->disable_amp) < 0 ||
         rt_plan_bool(kwargs, "disable_saved_tensors_hooks", &plan->disable_saved_hooks) < 0 ||
         rt_plan_bool(kwargs, "alias_translates_storage_offset",
-                     &plan->alias_translates_storage_offset) < 0) {
+                     &plan->alias_translates_storage_offset) < 0 ||
+        rt_plan_bool(kwargs, "view_replay_forced", &plan->view_replay_forced) < 0 ||
+        rt_plan_bool(kwargs, "args_list_check", &plan->args_list_check) < 0 ||
+        rt_plan_bool(kwargs, "updated_alias_inline_check",
+                     &plan->updated_alias_inline_check) < 0 ||
+        rt_plan_bool(kwargs, "prologue_range_exited_on_error",
+                     &plan->prologue_range_exited_on_error) < 0) {
         return -1;
     }
+    PyObject *attr = rt_plan_required(kwargs, "dynamic_dims_attr");
+    if (attr == NULL) {
+        return -1;
+    }
+    if (!PyUnicode_CheckExact(attr)) {
+        PyErr_SetString(PyExc_ValueError, "plan: dynamic_dims_attr must be a str");
+        return -1;
+    }
+    plan->dynamic_attr = Py_NewRef(attr);
+    PyUnicode_InternInPlace(&plan->dynamic_attr);
     if (rt_plan_indices(kwargs, "capture", &plan->n_capture, &plan->capture) < 0 ||
         rt_plan_indices(kwargs, "capture_order", &plan->n_capture_order,
                         &plan->capture_order) < 0 ||
@@ -434,6 +457,7 @@ void
 rt_plan_clear(rt_plan *plan)
 {
     Py_CLEAR(plan->compiled_fn);
+    Py_CLEAR(plan->dynamic_attr);
     if (plan->outputs) {
         for (Py_ssize_t i = 0; i < plan->n_outputs; i++) {
             Py_CLEAR(plan->outputs[i].requires_grad);

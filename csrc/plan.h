@@ -24,6 +24,10 @@ enum rt_mutation_flags {
     RT_MUT_AS_STRIDED_FIRST = 1, /* data and metadata: as_strided_ then copy */
     RT_MUT_LEAF = 2,             /* leaf: detach().copy_ if it requires grad */
     RT_MUT_STREAM_ERROR = 4,     /* input on a user stream: upstream raises */
+    /* with RT_MUT_LEAF: a leaf on a user stream that does not require grad
+     * raises too (2.11/2.12's _apply_input_mutations tests
+     * `meta.is_leaf and original_inpt.requires_grad` before the stream) */
+    RT_MUT_LEAF_STREAM_ERROR = 8,
 };
 enum rt_output_kind {         /* the handlers of _replay_output_aliases */
     RT_OUT_PASS = 0,          /* non_alias, unsafe_view_alias, custom_function_view */
@@ -82,6 +86,25 @@ typedef struct {
 
     Py_ssize_t n_dynamic;
     rt_dynamic_dims *dynamic;
+    /* the attribute the dynamic dims are stamped on, an interned str:
+     * _dynamo_propagated_dynamic_indices (2.13 on), _dynamo_weak_dynamic_indices
+     * (2.11/2.12's maybe_mark_dynamic_helper) */
+    PyObject *dynamic_attr;
+    /* training: view replay through torch.autograd._force_original_view_tracking(True)
+     * (2.11/2.12: set in __init__ and again in __enter__, restored unconditionally
+     * in __exit__) instead of the generated read/set-if-off/restore-if-changed */
+    bool view_replay_forced;
+    /* call_func_at_runtime_with_args's `isinstance(args, list)` check before the
+     * compiled function is called (2.11/2.12's reference invoker) */
+    bool args_list_check;
+    /* set_/metadata-only updated inputs in training: the reference's inline
+     * TensorAlias check ("expected TensorAlias for updated_inpt, got ...",
+     * 2.11/2.12) instead of _unwrap_tensoralias's message */
+    bool updated_alias_inline_check;
+    /* the prologue profiler range is exited when the call fails before the
+     * compiled function (2.12 on: try/finally); else the entered range is
+     * dropped without __exit__, as 2.11's frame drops it */
+    bool prologue_range_exited_on_error;
 } rt_plan;
 
 /* Fills *plan from the keyword arguments of RuntimeWrapper(...).

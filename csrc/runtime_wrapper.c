@@ -127,6 +127,14 @@ call_compiled(RuntimeWrapper *self, PyObject *args, PyObject **range)
     if (rt_prologue_range_exit(st, range) < 0) {
         return NULL;
     }
+    /* 2.11/2.12: call_func_at_runtime_with_args(compiled_fn, args,
+     * steal_args=True) checks what it was given (only the inference call can
+     * fail it: training passes a fresh list) */
+    if (self->plan.args_list_check && !PyList_Check(args)) {
+        PyErr_Format(PyExc_AssertionError, "args must be a list, got %S",
+                     (PyObject *)Py_TYPE(args));
+        return NULL;
+    }
     /* steal_args: the compiled function owns the list and may clear it, so
      * that inputs die as early as the graph allows. We keep no extra
      * reference to them beyond the captured ones. */
@@ -153,6 +161,53 @@ call_inference(RuntimeWrapper *self, PyObject *args, PyObject **range)
         if (rt_finally_end(&saved, ok) < 0) {
             Py_CLEAR(out);
         }
+    }
+    return out;
+}
+
+/* `with torch.enable_grad(): _on_before_call_(); all_outs = ...` */
+static PyObject *
+call_with_grad(RuntimeWrapper *self, PyObject *args_, PyObject **range)
+{
+    rt_state *st = self->st;
+    int prev_grad = rt_grad_enabled(st);
+    if (prev_grad < 0 || rt_set_grad_enabled(st, 1) < 0) {
+        return NULL;
+    }
+    PyObject *out = call_compiled(self, args_, range);
+    rt_pending_error saved;
+    rt_finally_begin(&saved);
+    int ok = rt_set_grad_enabled(st, prev_grad) == 0;
+    if (rt_finally_end(&saved, ok) < 0) {
+        Py_CLEAR(out);
+    }
+    return out;
+}
+
+/* 2.11/2.12's _RuntimeCompiledFnInvoker.run, trace_joint=True, from the
+ * detached list on: `with (torch.autograd._force_original_view_tracking(True),
+ * torch.enable_grad()):`. The context's __init__ reads the mode and sets it,
+ * __enter__ sets it again, __exit__ puts the read mode back whatever the mode
+ * is then (each a call a TorchFunctionMode sees). Steals args_. */
+static PyObject *
+call_training_forced(RuntimeWrapper *self, PyObject *args_, PyObject **range)
+{
+    rt_state *st = self->st;
+    PyObject *out = NULL;
+    int prev_view_replay = rt_view_replay_enabled(st);
+    if (prev_view_replay < 0 ||
+        rt_set_view_replay_enabled(st, 1) < 0 ||   /* __init__ */
+        rt_set_view_replay_enabled(st, 1) < 0) {   /* __enter__: no __exit__ if it fails */
+        Py_DECREF(args_);
+        return NULL;
+    }
+    out = call_with_grad(self, args_, range);
+    Py_DECREF(args_);
+    rt_pending_error saved;
+    rt_finally_begin(&saved);
+    int ok = rt_set_view_replay_enabled(st, prev_view_replay) == 0; /* __exit__ */
+    if (rt_finally_end(&saved, ok) < 0) {
+        Py_CLEAR(out);
     }
     return out;
 }
@@ -186,23 +241,16 @@ call_training(RuntimeWrapper *self, PyObject *args, PyObject **range)
         }
     }
 
+    if (p->view_replay_forced) {
+        return call_training_forced(self, args_, range);
+    }
     int prev_view_replay = rt_view_replay_enabled(st);
     if (prev_view_replay < 0) {
         goto fail;
     }
     PyObject *out = NULL;
     if (prev_view_replay || rt_set_view_replay_enabled(st, 1) == 0) {
-        /* with torch.enable_grad(): */
-        int prev_grad = rt_grad_enabled(st);
-        if (prev_grad >= 0 && rt_set_grad_enabled(st, 1) == 0) {
-            out = call_compiled(self, args_, range);
-            rt_pending_error saved;
-            rt_finally_begin(&saved);
-            int ok = rt_set_grad_enabled(st, prev_grad) == 0;
-            if (rt_finally_end(&saved, ok) < 0) {
-                Py_CLEAR(out);
-            }
-        }
+        out = call_with_grad(self, args_, range);
     }
     Py_CLEAR(args_);
     /* finally: restore view replay if it differs */
@@ -342,9 +390,15 @@ done:
     if (captured != stack_captured) {
         PyMem_Free(captured);
     }
-    /* finally: exit_prologue(), if the call never got that far */
-    if (range != NULL && rt_prologue_range_exit(st, &range) < 0) {
-        Py_CLEAR(result);
+    /* finally: exit_prologue(), if the call never got that far (2.11: no
+     * finally, the range is dropped with the frame) */
+    if (range != NULL) {
+        if (!p->prologue_range_exited_on_error) {
+            Py_CLEAR(range);
+        }
+        else if (rt_prologue_range_exit(st, &range) < 0) {
+            Py_CLEAR(result);
+        }
     }
     return result;
 }

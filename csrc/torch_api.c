@@ -1037,6 +1037,23 @@ rt_unwrap_tensoralias(rt_state *st, PyObject *x)
     return PyObject_GetAttr(x, st->str_alias);
 }
 
+PyObject *
+rt_unwrap_updated_input(rt_state *st, PyObject *x)
+{
+    int ok = PyObject_IsInstance(x, st->TensorAlias);
+    if (ok < 0) {
+        return NULL;
+    }
+    if (!ok) {
+        /* 2.11/2.12 _RuntimeForwardEpilogue._apply_input_mutations: AssertionError(
+         * f"expected TensorAlias for updated_inpt, got {type(updated_inpt)}") */
+        PyErr_Format(PyExc_AssertionError, "expected TensorAlias for updated_inpt, got %S",
+                     (PyObject *)Py_TYPE(x));
+        return NULL;
+    }
+    return PyObject_GetAttr(x, st->str_alias);
+}
+
 /* upstream's AssertionError, its message reading both shapes again:
  * f"... {tuple(out.shape)} (actual) vs {tuple(target_meta_tensor.shape)} (expected)" */
 static void
@@ -1101,10 +1118,11 @@ rt_alias_by_view_replay(rt_state *st, PyObject *base, PyObject *target,
 }
 
 int
-rt_mark_dynamic_indices(rt_state *st, PyObject *t, PyObject *dims)
+rt_mark_dynamic_indices(rt_state *st, PyObject *t, PyObject *dims, PyObject *name)
 {
     /* if hasattr(t, name): t.name |= dims  else: t.name = dims.copy() */
-    PyObject *current = PyObject_GetAttr(t, st->str_dynamic_indices);
+    (void)st;
+    PyObject *current = PyObject_GetAttr(t, name);
     if (current == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
             return -1;
@@ -1122,7 +1140,7 @@ rt_mark_dynamic_indices(rt_state *st, PyObject *t, PyObject *dims)
     if (updated == NULL) {
         return -1;
     }
-    int rc = PyObject_SetAttr(t, st->str_dynamic_indices, updated);
+    int rc = PyObject_SetAttr(t, name, updated);
     Py_DECREF(updated);
     return rc;
 }

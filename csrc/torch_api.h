@@ -306,6 +306,9 @@ int rt_increment_version(rt_state *st, PyObject *tensors);
 
 /* runtime_wrappers._unwrap_tensoralias(x): new reference to x.alias */
 PyObject *rt_unwrap_tensoralias(rt_state *st, PyObject *x);
+/* 2.11/2.12's inline form of the same check in _apply_input_mutations
+ * (`updated_inpt.alias`, its own AssertionError message) */
+PyObject *rt_unwrap_updated_input(rt_state *st, PyObject *x);
 /* gen_alias_from_base(base, target, target_requires_grad) without a
  * ViewMeta sequence to replay (alias_from_base.c): target._view_func(base)
  * when target._base is not None and that gives the target's shape, else
@@ -326,8 +329,11 @@ PyObject *rt_patch_requires_grad(rt_state *st, PyObject *base, PyObject *out,
 PyObject *rt_alias_by_view_replay(rt_state *st, PyObject *base, PyObject *target,
                                   int requires_grad, PyObject *sequence,
                                   PyObject *sequence_cpp);
-/* runtime_wrappers.mark_dynamo_propagated_dynamic_indices(t, dims) */
-int rt_mark_dynamic_indices(rt_state *st, PyObject *t, PyObject *dims);
+/* runtime_wrappers.mark_dynamo_propagated_dynamic_indices(t, dims), or on
+ * 2.11/2.12 maybe_mark_dynamic_helper(t, dims): the same body on the
+ * attribute `name` (_dynamo_propagated_dynamic_indices /
+ * _dynamo_weak_dynamic_indices) */
+int rt_mark_dynamic_indices(rt_state *st, PyObject *t, PyObject *dims, PyObject *name);
 
 /* record_runtime_wrapper_prologue_enter(): *range is set to the entered
  * range object, or NULL when the profiler or the config is off. */

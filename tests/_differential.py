@@ -10,7 +10,8 @@ everything a user can observe:
   offset, device, Python type, identity with an input, ``_base`` (an input, a
   leaf, another output, or the same anonymous intermediate), which inputs and
   outputs share storage, ``requires_grad``, ``is_leaf``, ``grad_fn`` type,
-  ``_version``, ``is_inference()``, ``_dynamo_propagated_dynamic_indices``;
+  ``_version``, ``is_inference()``, ``_dynamo_propagated_dynamic_indices`` and
+  ``_dynamo_weak_dynamic_indices``;
   non-tensor outputs by type and value;
 * inputs after the call: values, size, stride, storage offset, version counter
   relative to before the call, whether the storage changed, requires_grad,
@@ -293,8 +294,22 @@ def _storage_key(t: torch.Tensor):
         return None
 
 
-def _dyn(t):
-    v = getattr(t, "_dynamo_propagated_dynamic_indices", None)
+def _dynamic_attrs():
+    """The attribute this release stamps output dims on (its Dynamo reads it),
+    and the other release's (which nothing may write)."""
+    from torch_aot_rt import _versions
+
+    names = ("_dynamo_propagated_dynamic_indices", "_dynamo_weak_dynamic_indices")
+    rel = _versions.resolve(torch.__version__).release
+    ours = rel.dynamic_dims_attr if rel is not None else names[0]
+    return ours, names[1] if ours == names[0] else names[0]
+
+
+DYNAMIC_ATTR, OTHER_DYNAMIC_ATTR = _dynamic_attrs()
+
+
+def _dyn(t, attr=DYNAMIC_ATTR):
+    v = getattr(t, attr, None)
     return None if v is None else sorted(v)
 
 
@@ -343,6 +358,7 @@ def tensor_record(t: torch.Tensor, labels: _Labels, storages: dict) -> dict:
         "base": labels.name(t._base),
         "shares_storage_with": sorted(storages.get(key, ())) if key else [],
         "dynamic_indices": _dyn(t),
+        "other_dynamic_indices": _dyn(t, OTHER_DYNAMIC_ATTR),
         "value": TensorValue(t),
     }
 

@@ -30,6 +30,13 @@ import torch_aot_rt
 
 C_ENABLED = D.C_ENABLED
 
+# What upstream's CompiledFunction does on this torch (its release entry, or
+# 2.13's where there is none): 2.11/2.12 take the grads unboxed.
+_RELEASE = __import__("torch_aot_rt._versions", fromlist=["resolve"]).resolve(
+    torch.__version__).release
+BOXED_BACKWARD = _RELEASE is None or _RELEASE.boxed_backward
+RELEASE_SERIES = _RELEASE.series if _RELEASE is not None else (2, 13)
+
 
 # ---------------------------------------------------------------------------
 # which runtime built a CompiledFunction
@@ -311,6 +318,10 @@ def ctx_record(outs) -> list:
             "saved_shapes": _safe(lambda: [tuple(t.shape) for t in node.saved_tensors]),
             "saved_dynamic_dims": _safe(
                 lambda: [D._dyn(t) for t in (*node.saved_tensors, *node._tensors_no_vc_check)]
+            ),
+            "saved_other_dynamic_dims": _safe(
+                lambda: [D._dyn(t, D.OTHER_DYNAMIC_ATTR)
+                         for t in (*node.saved_tensors, *node._tensors_no_vc_check)]
             ),
             "materialize_non_diff": node._materialize_non_diff_grads,
             "non_differentiable": repr(node.non_differentiable),

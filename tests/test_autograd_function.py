@@ -376,6 +376,10 @@ def test_tangent_layouts(case, guess_strides):
     ``guess_tangent_strides_as_outputs`` off, tangents are coerced to a memory
     format instead of exact strides."""
     fn, make_inputs, grads = TANGENT_CASES[case]
+    # 2.12's MemoryFormatMeta.from_tensor keeps an expanded output's
+    # overlapping strides for its tangent (2.13 takes its memory format):
+    # the coercion's copy into them raises, upstream and C alike
+    upstream_raises = case == "output_expanded" and guess_strides and T.RELEASE_SERIES < (2, 13)
     off, on = differential(
         fn,
         make_inputs,
@@ -384,7 +388,10 @@ def test_tangent_layouts(case, guess_strides):
         config=lambda: torch._functorch.config.patch(
             guess_tangent_strides_as_outputs=guess_strides
         ),
+        backward_error="RuntimeError" if upstream_raises else None,
     )
+    if upstream_raises:
+        return
     # the tangent the compiled backward got has the layout of the output it
     # belongs to (exact strides, or its memory format), not the one passed
     rec = on.extra["recorder"].calls[0]
@@ -1077,11 +1084,13 @@ def test_direct_grad_fn_apply_grad_enabled():
 
 @pytest.mark.parametrize(
     "call",
-    ["one_grad", "three_grads", "unboxed", "tuple", "no_grads"],
+    ["one_grad", "three_grads", "unboxed", "tuple", "no_grads", "boxed", "unboxed_one"],
 )
 def test_backward_called_wrongly(call):
     """``CompiledFunction.backward`` called directly with the wrong grads:
-    upstream's AssertionErrors (arity, boxed list), the same in C."""
+    upstream's AssertionErrors (arity, boxed list), the same in C. What is
+    wrong depends on the release: 2.13 on take one list of grads, 2.11/2.12
+    the grads as arguments."""
 
     def run(outs, inputs):
         gf = outs[0].grad_fn
@@ -1094,13 +1103,18 @@ def test_backward_called_wrongly(call):
                 return cls.backward(gf, [g, g, g])
             if call == "unboxed":
                 return cls.backward(gf, g, torch.ones(3, 3))
+            if call == "unboxed_one":
+                return cls.backward(gf, g)
+            if call == "boxed":
+                return cls.backward(gf, [g, torch.ones(3, 3)])
             if call == "tuple":
                 return cls.backward(gf, (g, torch.ones(3, 3)))
             return cls.backward(gf)
 
+    right = "boxed" if T.BOXED_BACKWARD else "unboxed"
     differential(
         f_plain, lambda: (leaf(3, 4), leaf(3, 4)), backward=run,
-        backward_error="AssertionError",
+        backward_error=None if call == right else "AssertionError",
     )
 
 
@@ -1289,13 +1303,15 @@ def class_summary(cls) -> dict:
         "lazy": type(cls._lazy_backward_info).__name__,
         "compiled_fw": callable(cls.compiled_fw),
         "compiled_bw": cls.compiled_bw,
-        "boxed_grads_call": cls.boxed_grads_call,
+        # 2.11/2.12: no boxed_grads_call (unboxed backward)
+        "boxed_grads_call": getattr(cls, "boxed_grads_call", None),
         "num_symints_saved_for_bw": cls.num_symints_saved_for_bw,
         "maybe_subclass_metadata": cls.maybe_subclass_metadata,
         "bases": [b.__name__ for b in cls.__mro__],
         "backward_cls": cls._backward_cls.__name__,
-        "has_bw_prologue": callable(cls._bw_prologue_fn),
-        "has_bw_epilogue": callable(cls._bw_epilogue_fn),
+        # 2.11/2.12 keep the subclass unwrap/wrap functions instead
+        "has_bw_prologue": callable(getattr(cls, "_bw_prologue_fn", None)),
+        "has_bw_epilogue": callable(getattr(cls, "_bw_epilogue_fn", None)),
         "vjp_is_backward": cls.vjp is cls.backward,
         "setup_context": "setup_context" in d,
     }
@@ -1442,8 +1458,14 @@ def test_saved_tensors_and_grads_released():
                             for x in spy.lists],
             "n_args": len(rec.weak[0]),
         }
-        assert results[use_c]["grads_lists"] == [[]], results[use_c]
-        assert not any(alive), alive
+        # 2.13 on: the boxed grads list is emptied; 2.11/2.12: the grads
+        # arrive as arguments (a tuple, left as it was)
+        assert results[use_c]["grads_lists"] == (
+            [[]] if T.BOXED_BACKWARD else [("not a list", 2)]), results[use_c]
+        if T.BOXED_BACKWARD:
+            # 2.11/2.12's upstream (unboxed) leaves some of them alive: there
+            # the comparison below requires the C path to leave the same ones
+            assert not any(alive), alive
         assert isinstance(err, dict) and err["type"] == "RuntimeError", err
     D.assert_same(results[False], results[True], "released")
 

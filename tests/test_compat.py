@@ -144,7 +144,7 @@ def test_unverified_version_falls_back(version):
 # Unverified versions the opt-in maps onto the installed release's entry (so
 # the results are exact): the nearest entry not newer, or the oldest.
 OPT_IN = {
-    (2, 13): ["2.13.0a0+git1234567", "2.12.0"],
+    (2, 13): ["2.13.0a0+git1234567", "2.10.0"],
     (2, 14): ["2.14.0a0+git1234567", "2.14.2rc1"],
     (2, 15): ["2.16.0", "2.15.0a0+git1234567"],
 }
@@ -168,6 +168,24 @@ def test_unverified_opt_in(which):
         "unverified_opt_in": True,
         "inactive": None,
     }
+
+
+def test_opt_in_as_a_candidate_checks_the_candidates_claims():
+    """The opt-in on a version of a candidate series (2.12) uses that entry;
+    a torch that contradicts it (here the installed one, whose backward is
+    boxed and whose runtime wrapper is generated) stays inactive."""
+    import torch
+
+    if _series(str(torch.__version__)) < (2, 13):
+        pytest.skip("a candidate torch itself")
+    result = run("torch.__version__ = '2.12.1'", TORCH_AOT_RT_UNVERIFIED="1")
+    stats = result["stats"]
+    assert stats["torch"]["release"] is None or stats["torch"]["inactive"] is not None, stats
+    assert "torch internals differ" in stats["torch"]["inactive"], stats
+    # the first claim it contradicts: Function.apply (2.14 on), else apply_boxed
+    assert "unlike torch 2.12" in stats["torch"]["inactive"], stats
+    assert stats["runtime_wrappers"] == 0 and stats["autograd_functions"] == 0
+    assert result["same"]
 
 
 def test_verified_version_reports_release():

@@ -365,7 +365,7 @@ def _dynamic_inputs(shape_by_call, requires_grad=False, preset=None):
         base = torch.randn(shape, device=device, requires_grad=requires_grad)
         t = base.clone() if requires_grad else base  # mutable in place
         if preset is not None:
-            t._dynamo_propagated_dynamic_indices = set(preset)
+            setattr(t, D.DYNAMIC_ATTR, set(preset))
         return D.Inputs((t,), (base,) if requires_grad else ())
 
     return factory

@@ -90,6 +90,13 @@ BROKEN = {
         **p,
         "mutations": _replace_record(_replace_record(p["mutations"], 1, 1, 2), 1, 2, 1),
     },
+    "mutation_leaf_stream_error_not_leaf": lambda p: {
+        **p,
+        "mutations": _replace_record(_replace_record(p["mutations"], 0, 1, 3), 0, 2, 8),
+    },
+    "dynamic_dims_attr_not_str": lambda p: {**p, "dynamic_dims_attr": None},
+    "view_replay_forced_not_bool": lambda p: {**p, "view_replay_forced": 1},
+    "args_list_check_not_bool": lambda p: {**p, "args_list_check": None},
     "mutation_leaf_and_stream": lambda p: {
         **p,
         "mutations": _replace_record(_replace_record(p["mutations"], 0, 1, 3), 0, 2, 2 | 4),
@@ -132,7 +139,8 @@ def test_compiled_fn_not_callable(real_plan):
         D._C.RuntimeWrapper(42, **plan)
 
 
-@pytest.mark.parametrize("key", ["capture", "mutations", "outputs", "first_invocation", "trace_joint"])
+@pytest.mark.parametrize("key", ["capture", "mutations", "outputs", "first_invocation", "trace_joint",
+                                 "dynamic_dims_attr", "view_replay_forced"])
 def test_missing_key_is_type_error(real_plan, key):
     compiled_fn, plan, _ = real_plan
     plan = dict(plan)

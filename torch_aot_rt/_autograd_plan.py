@@ -92,6 +92,7 @@ def _forward_plan(cls, spec, rng_state, release) -> dict:
         saved_opaque=_span(meta.opaque_objects_saved_for_backwards_slice),
         dynamic_saved=dynamic_saved,
         saved_is_graph_input=saved_is_graph_input,
+        dynamic_dims_attr=release.dynamic_dims_attr,
         snapshot_external_objects=release.snapshots_external_objects,
         external_objects_list=release.external_objects_registry == "list",
         metadata_mutation_wraps=metadata_wraps,
@@ -215,7 +216,13 @@ def _backward_plan(cls, spec, rng_state, backward_compiler, release) -> dict:
         has_mutations_in_bw=bool(
             meta.indices_of_inputs_that_requires_grad_with_mutations_in_bw
         ),
-        inputs_require_grad=any(inp.requires_grad for inp in meta.input_info),
+        # _codegen_compiled_backward skips the scan of all_args for the
+        # double-backward guard when an input requires grad; 2.11/2.12 scan always
+        inputs_require_grad=(
+            not release.double_backward_scans_args
+            and any(inp.requires_grad for inp in meta.input_info)
+        ),
+        boxed_grads=release.boxed_backward,
         has_no_vc_check=bool(meta.num_tensors_saved_with_no_vc_check),
         restore_external_objects=release.snapshots_external_objects,
         restore_by_setter=release.external_objects_setter is not None,
@@ -257,6 +264,14 @@ def install_c_function(cls, spec, release):
     from . import _C
 
     meta = spec.fw_metadata
+    if release.forward_checks_boxed_call and not getattr(cls.compiled_fw, "_boxed_call", False):
+        # call_func_at_runtime_with_args warns and unpacks the args: let it
+        raise Unsupported("CompiledFunction: an unboxed compiled forward")
+    if spec.maybe_subclass_meta is not None and not release.subclass_wrapper_mirrored:
+        raise Unsupported(
+            f"CompiledFunction: a subclass graph on torch {release.name} "
+            "(its subclass codegen is not mirrored)"
+        )
     if meta.is_rng_op_functionalized:
         raise Unsupported("CompiledFunction: functionalized RNG ops")
     try:
@@ -293,7 +308,9 @@ def install_c_function(cls, spec, release):
     # vjp is not overridden, that is our backward, called from C.
     backward_cls = cls._backward_cls
     apply_boxed = None
-    if getattr(backward_cls, "apply_boxed", None) is BackwardCFunction.apply_boxed:
+    if release.boxed_backward and (
+        getattr(backward_cls, "apply_boxed", None) is BackwardCFunction.apply_boxed
+    ):
         apply_boxed = _C.ApplyBoxed(backward, cls, Function.vjp, BackwardCFunction.apply_boxed)
     # Only now, with everything built, is the class touched: a failure above
     # leaves it upstream's.

@@ -93,6 +93,20 @@ def _check_release(rw, rel) -> None:
             f"ViewAndMutationMeta.saved_tensor_is_graph_input differs from torch {rel.name}"
         )
     rw._FirstInvocationContext  # noqa: B018 (on every verified release)
+    from torch.autograd.function import BackwardCFunction
+
+    boxed = hasattr(BackwardCFunction, "apply_boxed")
+    if boxed != rel.boxed_backward:
+        raise RuntimeError(
+            f"BackwardCFunction.apply_boxed is{'' if boxed else ' not'} there, "
+            f"unlike torch {rel.name}"
+        )
+    generated = hasattr(rw, "_codegen_epilogue")
+    if generated != rel.runtime_wrapper_generated:
+        raise RuntimeError(
+            f"runtime_wrappers._codegen_epilogue is{'' if generated else ' not'} there, "
+            f"unlike torch {rel.name}"
+        )
     registry = rw.__dict__.get("index_to_external_object_weakref")
     kind = None if registry is None else type(registry).__name__
     if kind != rel.external_objects_registry:
@@ -293,12 +307,23 @@ def install() -> None:
 
         from . import _disable
 
-        try:
-            _state.installed["disable"] = _disable.install(gate.release)
-        except Exception as e:
-            _state.installed["disable"] = _state.internal_error(e)
+        layers = gate.release.per_call_layers_mirrored
+        if layers:
+            try:
+                _state.installed["disable"] = _disable.install(gate.release)
+            except Exception as e:
+                _state.installed["disable"] = _state.internal_error(e)
+        else:
+            _state.installed["disable"] = f"not mirrored for torch {gate.release.name}"
         replaced = _replace_runtime(rw)
-        replaced += _replace_layers(rw)
+        if layers:
+            replaced += _replace_layers(rw)
+        else:
+            # what they replace differs on this release and is not mirrored:
+            # each stays upstream's
+            _state.count_fallback(
+                f"other per-call layers: not mirrored for torch {gate.release.name}"
+            )
         _state.installed["replaced"] = replaced
 
 

@@ -4,6 +4,8 @@ written back, and how each output is produced. Keep in sync with csrc/plan.h."""
 # mutation kinds (_apply_input_mutations) and their flags
 MUT_SKIP, MUT_SET, MUT_METADATA, MUT_DATA = 0, 1, 2, 3
 MUT_AS_STRIDED_FIRST, MUT_LEAF, MUT_STREAM_ERROR = 1, 2, 4
+# with MUT_LEAF: a leaf that does not require grad goes through the stream check (2.11/2.12)
+MUT_LEAF_STREAM_ERROR = 8
 # output kinds (_replay_output_aliases' handlers)
 OUT_PASS, OUT_IS_INPUT, OUT_ALIAS_OF_INPUT, OUT_ALIAS_OF_INTERMEDIATE = 0, 1, 2, 3
 

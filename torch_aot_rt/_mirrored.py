@@ -48,6 +48,8 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_codegen_compiled_fn_invocation",
         "_codegen_epilogue",
         "_create_runtime_wrapper",
+        # 2.11/2.12's reference runtime wrapper stamps dynamic dims with it
+        "maybe_mark_dynamic_helper",
         "_disable_saved_tensors_hooks",
         # csrc/serializable_call.c
         "SerializableCompiledFunction",
@@ -64,6 +66,10 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_codegen_backward_epilogue",
         "_codegen_compiled_forward",
         "_codegen_compiled_backward",
+        # 2.11/2.12's reference CompiledFunction.backward runs these
+        "_raise_if_functorch_active",
+        "_backward_prologue_functional",
+        "_backward_epilogue_functional",
         "_AOTDispatchAutogradFunctionFactory",
         "AOTDispatchAutograd",
         # csrc/*_wrapper.c, _wrappers.py: the other per-call compiler wrappers
@@ -120,6 +126,7 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_functorch/_aot_autograd/utils.py", (
         "make_boxed_func",
         "call_func_at_runtime_with_args",
+        "normalize_as_list",
         # _guards.py / csrc/saved_hooks_guard.c
         "top_saved_tensors_hooks",
         "saved_tensors_hooks_are_inlineable",
@@ -139,6 +146,12 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_functorch/aot_autograd.py", (
         # csrc/params_prepend.c: its forward closures
         "aot_module_simplified",
+    )),
+    ("autograd/grad_mode.py", (
+        # 2.11/2.12's runtime wrapper forces view replay with the first;
+        # every release enters the second around the training call
+        "_force_original_view_tracking",
+        "enable_grad",
     )),
     ("autograd/function.py", (
         # csrc/function_apply.c, csrc/cpp/: Function.apply, the ctx, apply_boxed

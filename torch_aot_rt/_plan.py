@@ -19,6 +19,7 @@ from ._kinds import (
     MUT_AS_STRIDED_FIRST,
     MUT_DATA,
     MUT_LEAF,
+    MUT_LEAF_STREAM_ERROR,
     MUT_METADATA,
     MUT_SET,
     MUT_SKIP,
@@ -64,11 +65,16 @@ def _capture_slots(runtime_metadata, OutputType):
     return tuple(slot_of), tuple(order), slot_of
 
 
-def _mutations(runtime_metadata, slot_of):
+def _mutations(runtime_metadata, slot_of, release):
     """One (slot, kind, flags) per mutated runtime input: ``_apply_input_mutations``."""
     stream_indices = getattr(runtime_metadata, "mutated_inp_stream_indices", None)
     plan = []
     for i, inpt_idx in enumerate(runtime_metadata.mutated_inp_runtime_indices):
+        on_stream = (
+            stream_indices is not None
+            and i < len(stream_indices)
+            and stream_indices[i] is not None
+        )
         meta = runtime_metadata.input_info[inpt_idx]
         slot = slot_of[inpt_idx]
         if not meta.mutates_data and not meta.mutates_metadata:
@@ -81,11 +87,9 @@ def _mutations(runtime_metadata, slot_of):
             flags = MUT_AS_STRIDED_FIRST if meta.mutates_metadata else 0
             if meta.is_leaf:
                 flags |= MUT_LEAF
-            elif (
-                stream_indices is not None
-                and i < len(stream_indices)
-                and stream_indices[i] is not None
-            ):
+                if on_stream and release.leaf_mutation_checks_stream:
+                    flags |= MUT_LEAF_STREAM_ERROR
+            elif on_stream:
                 flags |= MUT_STREAM_ERROR
             plan.append((slot, MUT_DATA, flags))
     return tuple(plan)
@@ -165,10 +169,14 @@ def _dynamic_dims(runtime_metadata):
 
 
 def make_plan(compiled_fn, *, runtime_metadata, indices_of_inps_to_detach,
-              trace_joint, keep_input_mutations, disable_amp):
-    """Keyword arguments for ``_C.RuntimeWrapper``, or raise :class:`Unsupported`."""
+              trace_joint, keep_input_mutations, disable_amp, release=None):
+    """Keyword arguments for ``_C.RuntimeWrapper``, or raise :class:`Unsupported`.
+    ``release`` (a ``_versions.Release``): whose semantics; the installed one
+    by default."""
     rw, functorch_config, OutputType = _torch_modules()
     meta = runtime_metadata
+    if release is None:
+        release = _state.release()
     try:
         if functorch_config.unlift_effect_tokens and len(meta.tokens) != 0:
             # Upstream raises at build time; let it.
@@ -188,15 +196,22 @@ def make_plan(compiled_fn, *, runtime_metadata, indices_of_inps_to_detach,
             detach=tuple(indices_of_inps_to_detach) if trace_joint else (),
             num_mutated=num_mutated,
             expected_outs=num_mutated + meta.num_outputs + meta.num_intermediate_bases,
-            mutations=_mutations(meta, slot_of),
+            mutations=_mutations(meta, slot_of, release),
             outputs=_outputs(meta, slot_of, OutputType, replay_views),
-            alias_translates_storage_offset=_state.release().alias_translates_storage_offset,
+            alias_translates_storage_offset=release.alias_translates_storage_offset,
             dynamic_dims=_dynamic_dims(meta),
             grad_enabled_mutation=meta.grad_enabled_mutation,
             first_invocation=rw._FirstInvocationContext(),
             disable_saved_tensors_hooks=bool(
                 trace_joint and rw._should_disable_saved_tensors_hooks()
             ),
+            # what the release's reference Python does where 2.13's
+            # generated wrapper differs (_versions.Release)
+            dynamic_dims_attr=release.dynamic_dims_attr,
+            view_replay_forced=release.forces_original_view_tracking,
+            args_list_check=release.invoker_checks_args_list,
+            updated_alias_inline_check=release.updated_alias_inline_check,
+            prologue_range_exited_on_error=release.prologue_range_exited_on_error,
         )
     except AttributeError as e:
         # An internal renamed or missing on this torch version.

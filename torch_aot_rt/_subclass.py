@@ -456,6 +456,9 @@ def install(rw):
     (counted)."""
     import functools
 
+    if not _state.release().subclass_wrapper_mirrored:
+        _state.count_fallback(f"subclass wrapper: not mirrored for torch {_state.release().name}")
+        return None
     cls = rw.__dict__.get("AOTDispatchSubclassWrapper")
     upstream = getattr(cls, "__dict__", {}).get("post_compile")
     if upstream is None or not inspect.isfunction(upstream):

@@ -30,6 +30,7 @@ from ._kinds import (
     MUT_AS_STRIDED_FIRST,
     MUT_DATA,
     MUT_LEAF,
+    MUT_LEAF_STREAM_ERROR,
     MUT_METADATA,
     MUT_SET,
     MUT_SKIP,
@@ -60,6 +61,10 @@ def _mutation_lines(plan) -> list[str]:
                 steps.append("as_strided_ to updated's metadata")
             if flags & MUT_STREAM_ERROR:
                 steps.append("RuntimeError: mutation on an input with a user-specified stream")
+            elif flags & MUT_LEAF_STREAM_ERROR:
+                steps.append(f"if it requires grad: {inp}.detach().copy_(updated[{i}]); "
+                             "else RuntimeError: mutation on an input with a user-specified "
+                             "stream  (leaf)")
             elif flags & MUT_LEAF:
                 steps.append(f"under no_grad: {inp}.copy_(updated[{i}])  (leaf)")
             else:
@@ -170,6 +175,10 @@ def _aggregates() -> bool:
 
 
 def log_plan(plan) -> None:
+    rel = _state.release()
+    if rel is not None and not rel.runtime_wrapper_generated:
+        # 2.11/2.12: the reference Python runs, nothing is generated or logged
+        return
     if _aggregates():
         from torch._functorch._aot_autograd import codegen
 

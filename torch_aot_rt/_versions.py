@@ -117,6 +117,80 @@ class Release:
     # (`_cdata`: inductor's copy_misaligned_inputs cloned the input); 2.13
     # uses the target's offset as it is.
     alias_translates_storage_offset: bool
+    # --- 2.11/2.12 against 2.13 (the runtime wrapper before codegen) ---
+    # _create_runtime_wrapper generates its source (2.13 on: TORCH_TRACE
+    # artifacts output_alias_wrapper, mutation_epilogue,
+    # runtime_wrapper_orchestration); 2.11/2.12 run the reference Python
+    # (_RuntimeCompiledFnInvoker.run, _RuntimeForwardEpilogue.finalize and its
+    # handler objects) and log nothing. _trace.log_plan reads it.
+    runtime_wrapper_generated: bool = True
+    # training: view replay on through torch.autograd._force_original_view_tracking(True)
+    # (2.11/2.12: its __init__ and __enter__ both set it, __exit__ restores it
+    # unconditionally) instead of the generated read / set-if-off /
+    # restore-if-changed -> plan bit view_replay_forced.
+    forces_original_view_tracking: bool = False
+    # the attribute the dynamic dims of outputs are stamped on, the one the
+    # release's Dynamo reads: mark_dynamo_propagated_dynamic_indices (2.13 on)
+    # or maybe_mark_dynamic_helper's _dynamo_weak_dynamic_indices (2.11/2.12)
+    # -> plan field dynamic_dims_attr.
+    dynamic_dims_attr: str = "_dynamo_propagated_dynamic_indices"
+    # _apply_input_mutations: 2.11/2.12 test `meta.is_leaf and
+    # original_inpt.requires_grad` and send everything else (a leaf that does
+    # not require grad included) through the user-stream check; 2.13's
+    # generated epilogue checks streams of non-leaves only -> mutation flag
+    # MUT_LEAF_STREAM_ERROR.
+    leaf_mutation_checks_stream: bool = False
+    # the invocation goes through call_func_at_runtime_with_args, which raises
+    # AssertionError("args must be a list, got ...") for an inference call
+    # whose args is not a list (2.11/2.12); the generated call passes anything
+    # -> plan bit args_list_check.
+    invoker_checks_args_list: bool = False
+    # set_/metadata-only mutations in training: 2.11/2.12 check TensorAlias
+    # inline ("expected TensorAlias for updated_inpt, got ..."), 2.13 calls
+    # _unwrap_tensoralias ("expected TensorAlias, got ...")
+    # -> plan bit updated_alias_inline_check.
+    updated_alias_inline_check: bool = False
+    # the profiler range "AOTDispatcher Runtime Wrapper Prologue" is exited in
+    # a `finally` when the call fails before reaching the compiled function
+    # (2.12 on); 2.11's runtime_wrapper exits it only right before the call,
+    # so an error before it drops the entered range without __exit__
+    # -> plan bit prologue_range_exited_on_error.
+    prologue_range_exited_on_error: bool = True
+    # CompiledFunction.backward takes the grads boxed (boxed_grads_call,
+    # BackwardCFunction.apply_boxed, backward(ctx, grads_list): 2.13 on);
+    # 2.11/2.12's reference CompiledFunction takes them unboxed
+    # (backward(ctx, *flat_args), called by BackwardCFunction.apply) and runs
+    # _backward_prologue_functional / _backward_epilogue_functional, which
+    # the generated 2.13 prologue/epilogue do step for step
+    # -> backward plan bit boxed_grads; no C apply_boxed; no C++ node.
+    boxed_backward: bool = True
+    # the double-backward guard: 2.13's generated backward tests only
+    # torch.is_grad_enabled() when an input requires grad, and scans all_args
+    # for a tensor requiring grad otherwise; 2.11/2.12 always scan
+    # -> the backward plan's inputs_require_grad is False.
+    double_backward_scans_args: bool = False
+    # the compiled forward is called through call_func_at_runtime_with_args
+    # (2.11/2.12), which warns and unpacks the args for an unboxed compiled
+    # forward; 2.13's generated forward calls it with the list. The C forward
+    # calls it boxed: an unboxed one keeps upstream's CompiledFunction.
+    forward_checks_boxed_call: bool = False
+    # The other per-call layers (compiler wrappers, subclass wrapper,
+    # SerializableCompiledFunction, params prepend, saved-tensors-hooks guard,
+    # torch._dynamo.disable's wrapper) are mirrored for this release; where
+    # not (2.11, a candidate whose code differs in each), they all stay
+    # upstream's, counted.
+    per_call_layers_mirrored: bool = True
+    # The compiler wrappers whose post_compile returns a reference closure
+    # (2.12: effect tokens, synthetic base, functionalized RNG) instead of a
+    # generated function (2.13 on): _wrappers builds its C objects from what
+    # a generated function reads, so these stay upstream's, counted.
+    closure_compiler_wrappers: tuple[str, ...] = ()
+    # The generated subclass wrapper and backward subclass functions are
+    # compiled under a path Dynamo skips (2.13 on: f"{__file__}:codegen(...)");
+    # 2.12 compiles them as "<name>", frames Dynamo's eval-frame hook may
+    # intercept: our C objects have no frame, so on 2.12 the subclass wrapper
+    # and CompiledFunction of subclass graphs stay upstream's, counted.
+    subclass_wrapper_mirrored: bool = True
 
     def __post_init__(self) -> None:
         # the registry exists exactly where the forward snapshots it; only a
@@ -196,6 +270,50 @@ VERIFIED: tuple[Release, ...] = (
     ),
 )
 
+# Releases read and partly mirrored, not verified: the gate stays closed on
+# them. Their runtime wrapper is mirrored in C (the plan bits above, tested
+# on every verified release by tests/test_release_semantics.py); their
+# CompiledFunction and other per-call layers are not (issue 19). The
+# TORCH_AOT_RT_UNVERIFIED=1 opt-in uses the entry of the running series.
+CANDIDATES: tuple[Release, ...] = tuple(
+    Release(
+        series=series,
+        keeps_saved_graph_inputs=False,
+        snapshots_external_objects=False,
+        copies_backward_context=False,
+        opaque_type_check="is_opaque_type",
+        opaque_base="OpaqueBase",
+        function_apply_is_base=False,
+        source_capture_sink=None,
+        disable_skips_none_callback=False,
+        external_objects_registry=None,
+        external_objects_setter=None,
+        aggregates_runtime_wrapper_trace=False,
+        has_input_grad_buffers=False,
+        backward_compile_defers_gc=False,
+        subclass_outputs_by_cursor=False,
+        subclass_act_inputs="act_input_indices",
+        tangent_fake_check_cpp=False,
+        alias_translates_storage_offset=False,
+        runtime_wrapper_generated=False,
+        forces_original_view_tracking=True,
+        dynamic_dims_attr="_dynamo_weak_dynamic_indices",
+        leaf_mutation_checks_stream=True,
+        invoker_checks_args_list=True,
+        updated_alias_inline_check=True,
+        boxed_backward=False,
+        double_backward_scans_args=True,
+        forward_checks_boxed_call=True,
+        per_call_layers_mirrored=series >= (2, 12),
+        closure_compiler_wrappers=(
+            "EffectTokensWrapper", "AOTSyntheticBaseWrapper", "FunctionalizedRngRuntimeWrapper",
+        ),
+        subclass_wrapper_mirrored=False,
+        prologue_range_exited_on_error=series >= (2, 12),
+    )
+    for series in ((2, 11), (2, 12))
+)
+
 UNVERIFIED_ENV = "TORCH_AOT_RT_UNVERIFIED"
 
 # A final release, optionally with a local build tag (2.14.1+cu130). Pre-
@@ -233,11 +351,15 @@ def resolve(torch_version: str) -> Gate:
     if not _opted_in():
         return Gate(torch_version, None, False, False)
     # At the user's own risk: the newest entry not newer than this torch
-    # (the oldest for anything older, the newest for anything unparsable).
+    # (the oldest for anything older, the newest for anything unparsable), or
+    # the candidate entry of its series.
     m = _SERIES.match(torch_version)
     nearest = VERIFIED[-1]
     if m is not None:
         series = (int(m.group(1)), int(m.group(2)))
+        for release in CANDIDATES:
+            if release.series == series:
+                return Gate(torch_version, release, False, True)
         older = [r for r in VERIFIED if r.series <= series]
         nearest = older[-1] if older else VERIFIED[0]
     return Gate(torch_version, nearest, False, True)

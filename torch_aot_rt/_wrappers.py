@@ -256,7 +256,13 @@ def install(rw) -> list:
     """Replace each class's ``post_compile`` where it has the verified shape;
     returns the ``_state.Replaced`` records."""
     replaced = []
+    release = _state.release()
     for cls_name, what, builder in BUILDERS:
+        if cls_name in release.closure_compiler_wrappers:
+            _state.count_fallback(
+                f"{what} wrapper: {cls_name}.post_compile returns a closure on torch "
+                f"{release.name} (not mirrored)")
+            continue
         cls = rw.__dict__.get(cls_name)
         upstream = getattr(cls, "__dict__", {}).get("post_compile")
         if upstream is None or not inspect.isfunction(upstream) or _shape(upstream) != _SHAPE:
