@@ -1,5 +1,6 @@
-/* alias_from_base.c: functional_utils.gen_alias_from_base, the branches that
- * do not replay a ViewMeta sequence (that one is rt_alias_by_view_replay).
+/* alias_from_base.c: functional_utils.gen_alias_from_base in C: the
+ * view-replay branch (rt_alias_by_view_replay) and the others
+ * (rt_alias_from_base).
  *
  * The alias replay of the runtime wrapper regenerates an output that aliases
  * an input (or an intermediate) from its base. Without a recorded ViewMeta
@@ -46,6 +47,69 @@ rt_patch_requires_grad(rt_state *st, PyObject *base, PyObject *out, int target_r
 fail:
     Py_DECREF(out);
     return NULL;
+}
+
+/* upstream's AssertionError, its message reading both shapes again:
+ * f"... {tuple(out.shape)} (actual) vs {tuple(target_meta_tensor.shape)} (expected)" */
+static void
+shape_mismatch_error(rt_state *st, PyObject *out, PyObject *target)
+{
+    PyObject *shapes[2] = {NULL, NULL};
+    PyObject *objs[2] = {out, target};
+    for (int k = 0; k < 2; k++) {
+        PyObject *shape = PyObject_GetAttr(objs[k], st->str_shape);
+        shapes[k] = shape ? PySequence_Tuple(shape) : NULL;
+        Py_XDECREF(shape);
+        if (shapes[k] == NULL) {
+            Py_XDECREF(shapes[0]);
+            return;
+        }
+    }
+    PyErr_Format(PyExc_AssertionError,
+                 "incorrect out shape after application of ViewMeta sequence: "
+                 "%R (actual) vs %R (expected)", shapes[0], shapes[1]);
+    Py_DECREF(shapes[0]);
+    Py_DECREF(shapes[1]);
+}
+
+PyObject *
+rt_alias_by_view_replay(rt_state *st, PyObject *base, PyObject *target,
+                        int requires_grad, PyObject *sequence, PyObject *sequence_cpp)
+{
+    /* Upstream's branch reads out.shape, target.shape and base.requires_grad
+     * (getters a TorchFunctionMode takes) and calls out.detach(). */
+    if (sequence_cpp == NULL) {
+        if (st->cpp != NULL) {
+            st->epi_counts[RT_EPI_NOT_OFFERED]++;
+        }
+    }
+    else if (rt_cpp_tensor_op_ok(st, base, target)) {
+        PyObject *out = NULL;
+        int rc = st->cpp->epi_view_replay(sequence_cpp, base, target, requires_grad, &out);
+        if (rt_cpp_answered(st, rc)) {
+            return out;
+        }
+    }
+    PyObject *argv[2] = {base, sequence};
+    PyObject *out = PyObject_Vectorcall(st->apply_view_meta_sequence, argv, 2, NULL);
+    if (out == NULL) {
+        return NULL;
+    }
+    /* if out.shape != target_meta_tensor.shape: raise AssertionError (the
+     * getters, as upstream reads them: a TorchFunctionMode sees them) */
+    PyObject *out_shape = PyObject_GetAttr(out, st->str_shape);
+    PyObject *target_shape = out_shape ? PyObject_GetAttr(target, st->str_shape) : NULL;
+    int same = target_shape ? PyObject_RichCompareBool(out_shape, target_shape, Py_EQ) : -1;
+    Py_XDECREF(out_shape);
+    Py_XDECREF(target_shape);
+    if (same == 0) {
+        shape_mismatch_error(st, out, target);
+    }
+    if (same <= 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return rt_patch_requires_grad(st, base, out, requires_grad);
 }
 
 /* `a.m() != b.m()` for m in (size, stride, storage_offset), short-circuit
@@ -303,60 +367,4 @@ rt_alias_from_base(rt_state *st, PyObject *base, PyObject *target, int target_re
         Py_DECREF(b);
     }
     return alias_by_as_strided(st, base, target, target_requires_grad, translate_storage_offset);
-}
-
-#define INTERN(field, text)                                                 \
-    do {                                                                    \
-        if ((as->field = PyUnicode_InternFromString(text)) == NULL) {       \
-            return -1;                                                      \
-        }                                                                   \
-    } while (0)
-
-int
-rt_alias_state_init(rt_alias_state *as)
-{
-    INTERN(str_base, "_base");
-    INTERN(str_view_func, "_view_func");
-    INTERN(str_as_strided, "as_strided");
-    INTERN(str_is_complex, "is_complex");
-    INTERN(str_view, "view");
-    INTERN(str_untyped_storage, "untyped_storage");
-    INTERN(str_cdata, "_cdata");
-    return 0;
-}
-#undef INTERN
-
-int
-rt_alias_state_bind(rt_alias_state *as)
-{
-    PyObject *torch = PyImport_ImportModule("torch");
-    if (torch == NULL) {
-        return -1;
-    }
-    Py_XSETREF(as->view_as_real, PyObject_GetAttrString(torch, "view_as_real"));
-    Py_XSETREF(as->view_as_complex, PyObject_GetAttrString(torch, "view_as_complex"));
-    Py_DECREF(torch);
-    return as->view_as_real && as->view_as_complex ? 0 : -1;
-}
-
-#define ALIAS_FIELDS(X)                                                     \
-    X(str_base) X(str_view_func) X(str_as_strided) X(str_is_complex)        \
-    X(str_view) X(str_untyped_storage) X(str_cdata) X(view_as_real)         \
-    X(view_as_complex)
-
-int
-rt_alias_state_traverse(rt_alias_state *as, visitproc visit, void *arg)
-{
-#define VISIT(f) Py_VISIT(as->f);
-    ALIAS_FIELDS(VISIT)
-#undef VISIT
-    return 0;
-}
-
-void
-rt_alias_state_clear(rt_alias_state *as)
-{
-#define CLEAR(f) Py_CLEAR(as->f);
-    ALIAS_FIELDS(CLEAR)
-#undef CLEAR
 }

@@ -900,8 +900,8 @@ plain_tensor_type(rt_state *st, PyObject *x)
 
 /* The C++ part may run the method of a and b (torch_cpp_api.h epi_*):
  * plain tensor types and no TorchFunctionMode to hand the call to. */
-static int
-cpp_tensor_op_ok(rt_state *st, PyObject *a, PyObject *b)
+int
+rt_cpp_tensor_op_ok(rt_state *st, PyObject *a, PyObject *b)
 {
     if (st->cpp == NULL) {
         return 0;
@@ -916,8 +916,8 @@ cpp_tensor_op_ok(rt_state *st, PyObject *a, PyObject *b)
 
 /* An epi_* result, counted: whether the C++ part answered (else the caller
  * takes the Python route). */
-static int
-cpp_answered(rt_state *st, int rc)
+int
+rt_cpp_answered(rt_state *st, int rc)
 {
     if (rc == RT_CPP_DECLINED) {
         st->epi_counts[RT_EPI_DECLINED]++;
@@ -941,9 +941,9 @@ call_discard(rt_state *st, enum rt_tensor_method m, PyObject *self, PyObject *ar
 int
 rt_tensor_copy_(rt_state *st, PyObject *orig, PyObject *src, int detach)
 {
-    if (cpp_tensor_op_ok(st, orig, src)) {
+    if (rt_cpp_tensor_op_ok(st, orig, src)) {
         int rc = st->cpp->epi_copy_(orig, src, detach);
-        if (cpp_answered(st, rc)) {
+        if (rt_cpp_answered(st, rc)) {
             return rc;
         }
     }
@@ -962,9 +962,9 @@ rt_tensor_copy_(rt_state *st, PyObject *orig, PyObject *src, int detach)
 int
 rt_tensor_as_strided_like(rt_state *st, PyObject *orig, PyObject *like)
 {
-    if (cpp_tensor_op_ok(st, orig, like)) {
+    if (rt_cpp_tensor_op_ok(st, orig, like)) {
         int rc = st->cpp->epi_as_strided_like(orig, like);
-        if (cpp_answered(st, rc)) {
+        if (rt_cpp_answered(st, rc)) {
             return rc;
         }
     }
@@ -990,9 +990,9 @@ done:
 int
 rt_tensor_set_(rt_state *st, PyObject *orig, PyObject *src)
 {
-    if (cpp_tensor_op_ok(st, orig, src)) {
+    if (rt_cpp_tensor_op_ok(st, orig, src)) {
         int rc = st->cpp->epi_set_(orig, src);
-        if (cpp_answered(st, rc)) {
+        if (rt_cpp_answered(st, rc)) {
             return rc;
         }
     }
@@ -1052,69 +1052,6 @@ rt_unwrap_updated_input(rt_state *st, PyObject *x)
         return NULL;
     }
     return PyObject_GetAttr(x, st->str_alias);
-}
-
-/* upstream's AssertionError, its message reading both shapes again:
- * f"... {tuple(out.shape)} (actual) vs {tuple(target_meta_tensor.shape)} (expected)" */
-static void
-shape_mismatch_error(rt_state *st, PyObject *out, PyObject *target)
-{
-    PyObject *shapes[2] = {NULL, NULL};
-    PyObject *objs[2] = {out, target};
-    for (int k = 0; k < 2; k++) {
-        PyObject *shape = PyObject_GetAttr(objs[k], st->str_shape);
-        shapes[k] = shape ? PySequence_Tuple(shape) : NULL;
-        Py_XDECREF(shape);
-        if (shapes[k] == NULL) {
-            Py_XDECREF(shapes[0]);
-            return;
-        }
-    }
-    PyErr_Format(PyExc_AssertionError,
-                 "incorrect out shape after application of ViewMeta sequence: "
-                 "%R (actual) vs %R (expected)", shapes[0], shapes[1]);
-    Py_DECREF(shapes[0]);
-    Py_DECREF(shapes[1]);
-}
-
-PyObject *
-rt_alias_by_view_replay(rt_state *st, PyObject *base, PyObject *target,
-                        int requires_grad, PyObject *sequence, PyObject *sequence_cpp)
-{
-    /* Upstream's branch reads out.shape, target.shape and base.requires_grad
-     * (getters a TorchFunctionMode takes) and calls out.detach(). */
-    if (sequence_cpp == NULL) {
-        if (st->cpp != NULL) {
-            st->epi_counts[RT_EPI_NOT_OFFERED]++;
-        }
-    }
-    else if (cpp_tensor_op_ok(st, base, target)) {
-        PyObject *out = NULL;
-        int rc = st->cpp->epi_view_replay(sequence_cpp, base, target, requires_grad, &out);
-        if (cpp_answered(st, rc)) {
-            return out;
-        }
-    }
-    PyObject *argv[2] = {base, sequence};
-    PyObject *out = PyObject_Vectorcall(st->apply_view_meta_sequence, argv, 2, NULL);
-    if (out == NULL) {
-        return NULL;
-    }
-    /* if out.shape != target_meta_tensor.shape: raise AssertionError (the
-     * getters, as upstream reads them: a TorchFunctionMode sees them) */
-    PyObject *out_shape = PyObject_GetAttr(out, st->str_shape);
-    PyObject *target_shape = out_shape ? PyObject_GetAttr(target, st->str_shape) : NULL;
-    int same = target_shape ? PyObject_RichCompareBool(out_shape, target_shape, Py_EQ) : -1;
-    Py_XDECREF(out_shape);
-    Py_XDECREF(target_shape);
-    if (same == 0) {
-        shape_mismatch_error(st, out, target);
-    }
-    if (same <= 0) {
-        Py_DECREF(out);
-        return NULL;
-    }
-    return rt_patch_requires_grad(st, base, out, requires_grad);
 }
 
 int

@@ -18,7 +18,7 @@
 #include <Python.h>
 #include <stdbool.h>
 
-#include "alias_from_base.h"
+#include "alias_state.h"
 #include "dynamo_disable.h"
 #include "torch_cpp_api.h"
 #include "wrappers.h"
@@ -320,6 +320,12 @@ PyObject *rt_alias_from_base(rt_state *st, PyObject *base, PyObject *target,
 /* gen_alias_from_base's patch_requires_grad(out); steals out */
 PyObject *rt_patch_requires_grad(rt_state *st, PyObject *base, PyObject *out,
                                  int target_requires_grad);
+/* The C++ part may run an epilogue operation on a and b (plain tensor
+ * types, no TorchFunctionMode), else counted as not offered: 1 or 0. */
+int rt_cpp_tensor_op_ok(rt_state *st, PyObject *a, PyObject *b);
+/* An epi_* result rc, counted: 1 when the C++ part answered, 0 when it
+ * declined (the caller then takes the Python route). */
+int rt_cpp_answered(rt_state *st, int rc);
 /* gen_alias_from_base's view-replay branch, for a plan that established
  * replay_views and a sequence with no symbolic inputs: replay the sequence on
  * the base, check the shape (upstream's AssertionError), patch

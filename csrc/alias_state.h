@@ -1,0 +1,85 @@
+/* alias_state.h: the state of alias_from_base.c (gen_alias_from_base in
+ * C); its functions are declared in torch_api.h with the epilogue's other
+ * tensor operations. The state's life cycle is inline here so that
+ * torch_api.c, which owns rt_state, needs nothing of alias_from_base.c (that
+ * file calls into torch_api.c, never the other way). */
+#ifndef TORCH_AOT_RT_ALIAS_STATE_H
+#define TORCH_AOT_RT_ALIAS_STATE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+
+typedef struct {
+    PyObject *str_base;             /* _base */
+    PyObject *str_view_func;        /* _view_func */
+    PyObject *str_as_strided;
+    PyObject *str_is_complex;
+    PyObject *str_view;
+    PyObject *str_untyped_storage;
+    PyObject *str_cdata;            /* _cdata */
+    PyObject *view_as_real;         /* torch.view_as_real, bound with torch */
+    PyObject *view_as_complex;      /* torch.view_as_complex */
+} rt_alias_state;
+
+#define RT_ALIAS_FIELDS(X)                                                  \
+    X(str_base) X(str_view_func) X(str_as_strided) X(str_is_complex)        \
+    X(str_view) X(str_untyped_storage) X(str_cdata) X(view_as_real)         \
+    X(view_as_complex)
+
+static inline int
+rt_alias_state_init(rt_alias_state *as)
+{
+    static const struct {
+        size_t offset;
+        const char *text;
+    } names[] = {
+        {offsetof(rt_alias_state, str_base), "_base"},
+        {offsetof(rt_alias_state, str_view_func), "_view_func"},
+        {offsetof(rt_alias_state, str_as_strided), "as_strided"},
+        {offsetof(rt_alias_state, str_is_complex), "is_complex"},
+        {offsetof(rt_alias_state, str_view), "view"},
+        {offsetof(rt_alias_state, str_untyped_storage), "untyped_storage"},
+        {offsetof(rt_alias_state, str_cdata), "_cdata"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        PyObject **field = (PyObject **)((char *)as + names[i].offset);
+        if ((*field = PyUnicode_InternFromString(names[i].text)) == NULL) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* once torch is importable (rt_torch_bind) */
+static inline int
+rt_alias_state_bind(rt_alias_state *as)
+{
+    PyObject *torch = PyImport_ImportModule("torch");
+    if (torch == NULL) {
+        return -1;
+    }
+    Py_XSETREF(as->view_as_real, PyObject_GetAttrString(torch, "view_as_real"));
+    Py_XSETREF(as->view_as_complex, PyObject_GetAttrString(torch, "view_as_complex"));
+    Py_DECREF(torch);
+    return as->view_as_real && as->view_as_complex ? 0 : -1;
+}
+
+static inline int
+rt_alias_state_traverse(rt_alias_state *as, visitproc visit, void *arg)
+{
+#define RT_ALIAS_VISIT(f) Py_VISIT(as->f);
+    RT_ALIAS_FIELDS(RT_ALIAS_VISIT)
+#undef RT_ALIAS_VISIT
+    return 0;
+}
+
+static inline void
+rt_alias_state_clear(rt_alias_state *as)
+{
+#define RT_ALIAS_CLEAR(f) Py_CLEAR(as->f);
+    RT_ALIAS_FIELDS(RT_ALIAS_CLEAR)
+#undef RT_ALIAS_CLEAR
+}
+
+#endif
