@@ -112,6 +112,21 @@ rt_alias_by_view_replay(rt_state *st, PyObject *base, PyObject *target,
     return rt_patch_requires_grad(st, base, out, requires_grad);
 }
 
+/* `a.name <op> b.name` as a C truth value (1, 0, -1 on error): both
+ * attributes read as upstream reads them, a first, b only if a succeeded */
+static int
+attrs_compare(PyObject *a, PyObject *b, PyObject *name, int op)
+{
+    PyObject *va = PyObject_GetAttr(a, name);
+    PyObject *vb = va ? PyObject_GetAttr(b, name) : NULL;
+    PyObject *r = vb ? PyObject_RichCompare(va, vb, op) : NULL;
+    int v = r ? PyObject_IsTrue(r) : -1;
+    Py_XDECREF(va);
+    Py_XDECREF(vb);
+    Py_XDECREF(r);
+    return v;
+}
+
 /* `a.m() != b.m()` for m in (size, stride, storage_offset), short-circuit
  * as upstream's `or` chain: 1 if one differs, 0 if none, -1 on error. */
 static int
@@ -191,13 +206,7 @@ alias_by_view_func(rt_state *st, PyObject *abt, PyObject *target, PyObject *b,
         Py_DECREF(out);
         return NULL;
     }
-    PyObject *out_shape = PyObject_GetAttr(out, st->str_shape);
-    PyObject *target_shape = out_shape ? PyObject_GetAttr(target, st->str_shape) : NULL;
-    PyObject *eq = target_shape ? PyObject_RichCompare(out_shape, target_shape, Py_EQ) : NULL;
-    int same = eq ? PyObject_IsTrue(eq) : -1;
-    Py_XDECREF(out_shape);
-    Py_XDECREF(target_shape);
-    Py_XDECREF(eq);
+    int same = attrs_compare(out, target, st->str_shape, Py_EQ);
     if (same <= 0) {
         Py_DECREF(out);
         return NULL;
@@ -313,13 +322,7 @@ alias_by_as_strided(rt_state *st, PyObject *abt, PyObject *target, int target_re
     }
     /* if aliased_out.dtype != target.dtype: aliased_out.view(target.dtype) */
     {
-        PyObject *od = PyObject_GetAttr(out, st->str_dtype);
-        PyObject *td = od ? PyObject_GetAttr(target, st->str_dtype) : NULL;
-        PyObject *ne = td ? PyObject_RichCompare(od, td, Py_NE) : NULL;
-        int differs = ne ? PyObject_IsTrue(ne) : -1;
-        Py_XDECREF(od);
-        Py_XDECREF(td);
-        Py_XDECREF(ne);
+        int differs = attrs_compare(out, target, st->str_dtype, Py_NE);
         if (differs < 0) {
             Py_CLEAR(out);
         }

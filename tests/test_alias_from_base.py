@@ -22,24 +22,14 @@ import gc
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 import _differential as D
+from test_epilogue_cpp import RecordingFunctionMode as Log
 from torch_aot_rt import _state
 
 
 def f_alias_only(a, b):
     return a.t(), b
-
-
-class Log(TorchFunctionMode):
-    def __init__(self, log):
-        super().__init__()
-        self.log = log
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.log.append(getattr(func, "__name__", str(func)))
-        return func(*args, **(kwargs or {}))
 
 
 def _offset_input(shape, dtype=torch.float32, offset=6):
