@@ -168,6 +168,24 @@ def _run(fn, x, backward: bool):
     return run
 
 
+def _march_v3_before_213() -> None:
+    """torch 2.11/2.12 have no config.cpp.march: their cpp_builder writes
+    -march=native into the optimization flags. The same flags with x86-64-v3
+    in its place (for upstream and C alike): a benchmark-only patch."""
+    import torch._inductor.cpp_builder as cpp_builder
+
+    flags = cpp_builder._get_optimization_cflags
+    if getattr(flags, "_torch_aot_rt_v3", False):
+        return
+
+    def v3(*args, **kwargs):
+        cflags, ldflags = flags(*args, **kwargs)
+        return ["march=x86-64-v3" if f == "march=native" else f for f in cflags], ldflags
+
+    v3._torch_aot_rt_v3 = True
+    cpp_builder._get_optimization_cflags = v3
+
+
 def _compile(tag: str, flag: bool | None, x, context, warmup: int, backward=False,
              fn=one_op, backend="aot_eager"):
     """Compile a fresh copy of ``fn`` with the C runtime on (flag True), off
@@ -183,7 +201,10 @@ def _compile(tag: str, flag: bool | None, x, context, warmup: int, backward=Fals
 
         inductor_config.cpp.simdlen = 256
         if platform.machine() == "x86_64":
-            inductor_config.cpp.march = "x86-64-v3"
+            if hasattr(inductor_config.cpp, "march"):
+                inductor_config.cpp.march = "x86-64-v3"
+            else:
+                _march_v3_before_213()
     compiled = torch.compile(_fresh_copy(fn, tag), backend=backend, fullgraph=True)
     switch = contextlib.nullcontext() if flag is None else rt.enabled(flag)
     before = rt.stats() if rt is not None and flag is not None else None

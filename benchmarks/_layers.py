@@ -204,9 +204,17 @@ def _dedupe_runs(rt):
     return (lambda: len(up_fn([x, x, y]))), (lambda: len(c_fn([x, x, y]))) if ok else None
 
 
+class NotOnThisRelease(Exception):
+    """The layer is upstream's on this torch release (its entry says so): no row."""
+
+
 def _synthetic_base_runs(rt):
     import torch
     import torch._functorch._aot_autograd.runtime_wrappers as rw
+    from torch_aot_rt import _state
+
+    if "AOTSyntheticBaseWrapper" in _state.release().closure_compiler_wrappers:
+        raise NotOnThisRelease("upstream's closure on this release (merge_view_inputs per call)")
 
     def make():
         w = rw.AOTSyntheticBaseWrapper(trace_joint=False)
@@ -248,6 +256,8 @@ def _subclass_runs(rt, training: bool):
     from torch_aot_rt import _install, _state, _subclass
 
     _install.install()
+    if not _state.release().subclass_wrapper_mirrored:
+        raise NotOnThisRelease("upstream's subclass wrapper on this release")
     cls = rw.AOTDispatchSubclassWrapper
     (replaced,) = [r for r in _state.installed["replaced"]
                    if r.owner is cls and r.name == "post_compile"]
@@ -326,7 +336,11 @@ def build_layer_cases(names=None) -> dict[str, LayerCase]:
         if rt is None or _cases._C is None:
             case.c_note = _cases.C_UNAVAILABLE
             continue
-        runs = _BUILDERS[name](rt)
+        try:
+            runs = _BUILDERS[name](rt)
+        except NotOnThisRelease as e:
+            case.c_note = str(e)
+            continue
         if len(runs) == 3:  # a baseline of its own: the call the layer wraps
             case.runs["direct"], up_run, c_run = runs
         else:
