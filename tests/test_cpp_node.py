@@ -717,6 +717,8 @@ _HELD_PROBES = [
     ("name", lambda gf: gf.name()),
     ("next_functions", lambda gf: [(type(f).__name__, n) for f, n in gf.next_functions]),
     ("metadata", lambda gf: dict(gf.metadata)),
+    ("_input_metadata", lambda gf: [(tuple(m.shape), str(m.dtype), str(m.device))
+                                     for m in gf._input_metadata]),
     ("_sequence_nr", lambda gf: gf._sequence_nr() >= 0),
     ("_set_sequence_nr", lambda gf: gf._set_sequence_nr(7)),
     ("register_hook", lambda gf: type(gf.register_hook(lambda *a: None)).__name__),

@@ -91,7 +91,6 @@ int set_attr(PyObject* self, PyObject* value, void* closure) {
   return 0;
 }
 
-
 PyObject* get_materialize_non_diff_grads(PyObject* self, void* /*closure*/) {
   return PyBool_FromLong(state_of_face(self).materialize_non_diff_grads);
 }
@@ -196,7 +195,7 @@ int rt_node_check(PyObject* obj) noexcept {
 
 namespace {
 
-// The getsets of node_properties by rt_ctx_field (torch_cpp_api.h's order),
+// The getsets of ctx_properties by rt_ctx_field (torch_cpp_api.h's order),
 // resolved by name at rt_node_type_init: the C core's attribute access
 // without the look-up, through the very getset setattr/getattr would find.
 constexpr const char* kCtxFieldNames[] = {
@@ -369,9 +368,8 @@ PyMethodDef node_methods[] = {
 // when upstream's is. torch's own traverse (THPCppFunction_traverse: the
 // node's hook dicts, only while the face is the node's sole owner) runs
 // first; its type has no tp_clear. Both ask node_ptr.h's face_owns_node,
-// which is where this ownership is spelled: on shared_ptr headers (2.11,
-// 2.12, not built) the face is one owner among others, so it reports and
-// clears the node's objects only while it is the sole one.
+// which is where this ownership is spelled. (On shared_ptr headers, 2.11
+// and 2.12, the node owns its face instead: compiled_node_face_owned.cpp.)
 traverseproc torch_traverse = nullptr;
 
 int face_traverse(PyObject* self, visitproc visit, void* arg) {

@@ -155,6 +155,18 @@ PyObject* face_metadata(PyObject* self, void* /*closure*/) {
   END_HANDLE_TH_ERRORS
 }
 
+// THPFunction_input_metadata: the node's, as THPCppFunction's getter reads
+// it (through a view of the node, as _register_hook_dict above)
+PyObject* face_input_metadata(PyObject* self, void* /*closure*/) {
+  HANDLE_TH_ERRORS
+  NodePtr<Node> node = node_or_raise(self, "_input_metadata");
+  THPCppFunction view{};
+  view.cdata = std::move(node);
+  return torch::autograd::THPCppFunction_input_metadata(reinterpret_cast<PyObject*>(&view),
+                                                        nullptr);
+  END_HANDLE_TH_ERRORS
+}
+
 // THPFunction's requires_grad: always True
 PyObject* face_requires_grad(PyObject* /*self*/, void* /*closure*/) {
   Py_RETURN_TRUE;
@@ -164,6 +176,7 @@ PyGetSetDef face_properties[] = {
     {(char*)"next_functions", face_next_functions, nullptr, nullptr, nullptr},
     {(char*)"requires_grad", face_requires_grad, nullptr, nullptr, nullptr},
     {(char*)"metadata", face_metadata, nullptr, nullptr, nullptr},
+    {(char*)"_input_metadata", face_input_metadata, nullptr, nullptr, nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
