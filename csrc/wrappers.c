@@ -54,6 +54,7 @@ rt_wrapper_types_init(PyObject *module)
         &RngWrapper_spec,
         &FakifiedOutWrapper_spec,
         &DebugAssertWrapper_spec,
+        &ForwardingWrapper_spec,
     };
     for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
         /* the module's dict keeps the type; instances hold their own

@@ -8,6 +8,8 @@
  *                             _functionalized_rng_wrapper
  *   fakified_out_wrapper.c    FakifiedOutWrapper.post_compile's wrapper
  *   debug_assert_wrapper.c    DebugAssertWrapper.post_compile's inner_fn
+ *   forwarding_wrapper.c      2.12's FunctionalizedRngRuntimeWrapper / EffectTokensWrapper
+ *                             closures where they only pass the call on
  *
  * Each is built by torch_aot_rt/_wrappers.py from what upstream's own
  * post_compile returned (the generated function, kept as `upstream`) and the
@@ -55,5 +57,6 @@ extern PyType_Spec SyntheticBaseWrapper_spec;
 extern PyType_Spec RngWrapper_spec;
 extern PyType_Spec FakifiedOutWrapper_spec;
 extern PyType_Spec DebugAssertWrapper_spec;
+extern PyType_Spec ForwardingWrapper_spec;
 
 #endif

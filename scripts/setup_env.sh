@@ -23,8 +23,9 @@
 # venv and only installed when the venv lacks that release in any build; the package
 # itself is installed with --no-build-isolation --no-deps, so its build never
 # resolves torch. Here torch==2.13.0 is a CPU build and torch==2.14.1 a CUDA build of
-# about 5.5 GB (both lie on the project's machines as local files pip finds); 2.15.0
-# and the canaries are CUDA builds from PyPI, about 5 to 7 GB per venv. All of them run on the CPU. A pip constraints file
+# about 5.5 GB (both lie on the project's machines as local files pip finds); 2.15.0,
+# 2.12.1 and the canaries are CUDA builds from PyPI, about 5 to 7 GB per venv. All of
+# them run on the CPU. A pip constraints file
 # capping torch (a machine's pip configuration) is lifted for these installs
 # (PIP_CONSTRAINT=/dev/null): the pin is the exact release.
 
@@ -37,7 +38,7 @@ cd "$ROOT"
 # suite checks that the package changes nothing there); keep both in step with
 # torch_aot_rt/_versions.py.
 # shellcheck disable=SC2034  # read by the scripts that source this file
-TORCH_RELEASES=(2.13.0 2.14.1 2.15.0)
+TORCH_RELEASES=(2.13.0 2.14.1 2.15.0 2.12.1)
 CANARY_RELEASES=(2.10.0 2.11.0)
 # The releases whose headers the C++ part is built against (torch_aot_rt/_cpp.py
 # CPP_SERIES); on the other verified releases it is not built, and the suite's two
@@ -47,21 +48,19 @@ CPP_RELEASES=(2.13.0 2.14.1 2.15.0)
 
 _log() { printf '[setup] %s\n' "$*" >&2; }
 
-has_cpp_part() {
-    local v
-    for v in "${CPP_RELEASES[@]}"; do
-        if [ "$v" = "$1" ]; then return 0; fi
+# _in_list VALUE ITEM...: whether VALUE is one of the ITEMs
+_in_list() {
+    local value="$1" v
+    shift
+    for v in "$@"; do
+        if [ "$v" = "$value" ]; then return 0; fi
     done
     return 1
 }
 
-is_canary() {
-    local v
-    for v in "${CANARY_RELEASES[@]}"; do
-        if [ "$v" = "$1" ]; then return 0; fi
-    done
-    return 1
-}
+has_cpp_part() { _in_list "$1" "${CPP_RELEASES[@]}"; }
+
+is_canary() { _in_list "$1" "${CANARY_RELEASES[@]}"; }
 
 # VENV and PY for a release (X.Y.Z -> .venv-X.Y); creates nothing.
 torch_env() {

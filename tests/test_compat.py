@@ -125,7 +125,7 @@ def test_release_entry_contradicted_falls_back():
     assert "is not the verified" in stats["torch"]["inactive"], stats["torch"]
 
 
-UNVERIFIED = ["2.12.0", "2.16.0", "2.15.0a0+git1234567", "3.0.0", "not-a-version"]
+UNVERIFIED = ["2.11.0", "2.16.0", "2.15.0a0+git1234567", "3.0.0", "not-a-version"]
 
 
 @pytest.mark.parametrize("version", UNVERIFIED)
@@ -144,7 +144,8 @@ def test_unverified_version_falls_back(version):
 # Unverified versions the opt-in maps onto the installed release's entry (so
 # the results are exact): the nearest entry not newer, or the oldest.
 OPT_IN = {
-    (2, 13): ["2.13.0a0+git1234567", "2.10.0"],
+    (2, 12): ["2.12.0a0+git1234567", "2.10.0"],
+    (2, 13): ["2.13.0a0+git1234567", "2.13.1rc1"],
     (2, 14): ["2.14.0a0+git1234567", "2.14.2rc1"],
     (2, 15): ["2.16.0", "2.15.0a0+git1234567"],
 }
@@ -171,19 +172,19 @@ def test_unverified_opt_in(which):
 
 
 def test_opt_in_as_a_candidate_checks_the_candidates_claims():
-    """The opt-in on a version of a candidate series (2.12) uses that entry;
+    """The opt-in on a version of a candidate series (2.11) uses that entry;
     a torch that contradicts it (here the installed one, whose backward is
     boxed and whose runtime wrapper is generated) stays inactive."""
     import torch
 
     if _series(str(torch.__version__)) < (2, 13):
-        pytest.skip("a candidate torch itself")
-    result = run("torch.__version__ = '2.12.1'", TORCH_AOT_RT_UNVERIFIED="1")
+        pytest.skip("torch 2.11/2.12 run the reference Python the 2.11 entry claims")
+    result = run("torch.__version__ = '2.11.0'", TORCH_AOT_RT_UNVERIFIED="1")
     stats = result["stats"]
     assert stats["torch"]["release"] is None or stats["torch"]["inactive"] is not None, stats
     assert "torch internals differ" in stats["torch"]["inactive"], stats
     # the first claim it contradicts: Function.apply (2.14 on), else apply_boxed
-    assert "unlike torch 2.12" in stats["torch"]["inactive"], stats
+    assert "unlike torch 2.11" in stats["torch"]["inactive"], stats
     assert stats["runtime_wrappers"] == 0 and stats["autograd_functions"] == 0
     assert result["same"]
 
@@ -213,8 +214,9 @@ def test_resolve_table():
     from torch_aot_rt import _versions
 
     names = [r.name for r in _versions.VERIFIED]
-    assert names == ["2.13", "2.14", "2.15"]
-    for v, want in [("2.13.0", "2.13"), ("2.13.5+cpu", "2.13"), ("2.14.1+cu130", "2.14"),
+    assert names == ["2.12", "2.13", "2.14", "2.15"]
+    for v, want in [("2.12.1+cu130", "2.12"), ("2.12.0", "2.12"),
+                    ("2.13.0", "2.13"), ("2.13.5+cpu", "2.13"), ("2.14.1+cu130", "2.14"),
                     ("2.14.0", "2.14"), ("2.15.0", "2.15"), ("2.15.0+cu132", "2.15")]:
         gate = _versions.resolve(v)
         assert gate.verified and gate.release.name == want and gate.reason is None

@@ -360,9 +360,11 @@ def test_set_storage_mutation_route():
 @pytest.mark.parametrize("requires_grad", [False, True])
 def test_leaf_on_user_stream(requires_grad):
     """A leaf input mutated on a user stream (indices edited in): the
-    generated epilogue (_codegen_input_mutations) checks streams for
-    non-leaves only, so a leaf is copied (detach().copy_ when it requires
-    grad), with no error."""
+    generated epilogue (_codegen_input_mutations, 2.13 on) checks streams
+    for non-leaves only, so a leaf is copied (detach().copy_ when it
+    requires grad), with no error; 2.12's _apply_input_mutations lets only a
+    leaf that requires grad through (leaf_mutation_checks_stream), the
+    other raises before anything is copied."""
     compiled_fn, kwargs = _capture(f_data, lambda: (_t(3, 4),))
     meta = copy.copy(kwargs["runtime_metadata"])
     meta.mutated_inp_stream_indices = [0]
@@ -370,6 +372,11 @@ def test_leaf_on_user_stream(requires_grad):
     up, ours = D.build_pair(compiled_fn, kwargs)
     before = _routes()
     recs = _both(up, ours, lambda: (_t(3, 4, rg=requires_grad),))
+    if D.RELEASE.leaf_mutation_checks_stream and not requires_grad:
+        assert recs[0]["error"]["type"] == "RuntimeError", recs[0]["error"]
+        assert "user-specified streams" in recs[0]["error"]["message"], recs[0]["error"]
+        _check_route(_delta(before), None)
+        return
     assert recs[0]["error"] is None, recs[0]["error"]
     _check_route(_delta(before), "cpp")
 

@@ -869,7 +869,7 @@ def test_release_paths_leak_nothing():
 
 
 # ---------------------------------------------------------------------------
-# 2.11/2.12 (candidate entries, _versions.CANDIDATES): the runtime wrapper's
+# 2.12 (verified) and 2.11 (a candidate entry, _versions.CANDIDATES): the runtime wrapper's
 # plan bits, run here on the installed torch. Each test builds the C wrapper
 # with 2.12's plan and with the installed release's, and checks that each
 # does what its release's upstream code does: a 2.12 test fails if the 2.13
@@ -879,18 +879,21 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 
 from torch_aot_rt import _C, _kinds, _plan  # noqa: E402
 
-REL_212 = next(r for r in _versions.CANDIDATES if r.series == (2, 12))
+REL_212 = next(r for r in _versions.VERIFIED if r.series == (2, 12))
 REL_211 = next(r for r in _versions.CANDIDATES if r.series == (2, 11))
+# the generated runtime wrapper's behaviour (2.13 on): what a 2.12 test must
+# tell apart, whichever release is installed
+REL_213 = next(r for r in _versions.VERIFIED if r.series == (2, 13))
 
 
 def test_candidates_are_not_verified_and_only_opted_in(monkeypatch):
     monkeypatch.delenv(_versions.UNVERIFIED_ENV, raising=False)
-    for v in ("2.12.1", "2.11.0", "2.12.1+cu130"):
-        assert _versions.resolve(v).release is None
-    monkeypatch.setenv(_versions.UNVERIFIED_ENV, "1")
+    assert _versions.resolve("2.11.0").release is None
     assert _versions.resolve("2.12.1+cu130").release is REL_212
+    assert _versions.resolve("2.12.1").verified
+    monkeypatch.setenv(_versions.UNVERIFIED_ENV, "1")
     assert _versions.resolve("2.11.0").release is REL_211
-    assert not _versions.resolve("2.12.1").verified
+    assert not _versions.resolve("2.11.0").verified
 
 
 def _wrapper(fn, args, release, **plan_over):
@@ -951,6 +954,7 @@ def test_212_dynamic_dims_go_on_the_attribute_its_dynamo_reads():
     x = torch.randn(3)
     for release, attr, other in (
         (REL_212, "_dynamo_weak_dynamic_indices", "_dynamo_propagated_dynamic_indices"),
+        (REL_213, "_dynamo_propagated_dynamic_indices", "_dynamo_weak_dynamic_indices"),
         (RELEASE, RELEASE.dynamic_dims_attr,
          {"_dynamo_weak_dynamic_indices", "_dynamo_propagated_dynamic_indices"}
          .difference({RELEASE.dynamic_dims_attr}).pop()),
@@ -960,7 +964,6 @@ def test_212_dynamic_dims_go_on_the_attribute_its_dynamo_reads():
         (out,) = w([x])
         assert getattr(out, attr) == {0}
         assert not hasattr(out, other)
-    assert RELEASE.dynamic_dims_attr == "_dynamo_propagated_dynamic_indices"
 
 
 def f_mut_leaf(x):
@@ -982,12 +985,12 @@ def test_212_leaf_mutation_goes_through_the_stream_check():
         mutated_inp_stream_indices=[1],
     )
     leaf_12 = _plan._mutations(meta, {0: 0}, REL_212)[0][2]
-    leaf_13 = _plan._mutations(meta, {0: 0}, RELEASE)[0][2]
+    leaf_13 = _plan._mutations(meta, {0: 0}, REL_213)[0][2]
     assert leaf_12 == _kinds.MUT_LEAF | _kinds.MUT_LEAF_STREAM_ERROR
     assert leaf_13 == _kinds.MUT_LEAF
     x = torch.randn(3)
     for flags, raises in ((leaf_12, True), (leaf_13, False)):
-        w, plan = _wrapper(f_mut_leaf, [x.clone()], RELEASE)
+        w, plan = _wrapper(f_mut_leaf, [x.clone()], REL_213)
         assert plan["mutations"][0][1] == _kinds.MUT_DATA
         plan["mutations"] = ((plan["mutations"][0][0], _kinds.MUT_DATA, flags),)
         w = _C.RuntimeWrapper(_compiled_of(f_mut_leaf, x), **plan)
@@ -1020,13 +1023,11 @@ def test_212_inference_args_must_be_a_list():
     then restored); 2.13's generated call hands the tuple on."""
     x = torch.randn(3)
     w12, _ = _wrapper(f_identity_dyn, [x], REL_212)
-    w13, _ = _wrapper(f_identity_dyn, [x], RELEASE)
+    w13, _ = _wrapper(f_identity_dyn, [x], REL_213)
     assert torch.is_grad_enabled()
     with pytest.raises(AssertionError, match=r"^args must be a list, got <class 'tuple'>$"):
         w12((x,))
     assert torch.is_grad_enabled()
-    if RELEASE.invoker_checks_args_list:  # pragma: no cover - a 2.11/2.12 entry
-        return
     (out,) = w13((x,))
     assert torch.equal(out, x + 1)
     (out,) = w12([x])
@@ -1057,7 +1058,7 @@ def test_212_metadata_mutation_alias_check_message():
 
     bogus._boxed_call = True
     for release, msg in ((REL_212, "expected TensorAlias for updated_inpt, got "),
-                         (RELEASE, "expected TensorAlias, got ")):
+                         (REL_213, "expected TensorAlias, got ")):
         plan = _plan.make_plan(bogus, **kwargs, release=release)
         assert plan["mutations"][0][1] == _kinds.MUT_METADATA
         w = _C.RuntimeWrapper(bogus, **plan)
@@ -1072,7 +1073,7 @@ def test_211_prologue_range_plan_bit():
     it in a finally. Only the plan bit is checked here: the range object is
     bound once, at install (tests of the range itself: test_features.py)."""
     x = torch.randn(3)
-    for release, exits in ((REL_211, False), (REL_212, True), (RELEASE, True)):
+    for release, exits in ((REL_211, False), (REL_212, True), (REL_213, True)):
         _, plan = _wrapper(f_mut_leaf, [x.clone()], release)
         assert plan["prologue_range_exited_on_error"] is exits, release.name
 
@@ -1081,8 +1082,8 @@ def test_212_backward_takes_grads_unboxed(monkeypatch):
     """2.12's CompiledFunction.backward(ctx, *flat_args): the C backward
     built with 2.12's plan takes the grads as arguments (and gives what the
     boxed call gives with the installed release's plan, which refuses them
-    unboxed with upstream's AssertionError); its double-backward guard
-    scans the args."""
+    unboxed with upstream's AssertionError; on 2.12 itself, what upstream's
+    unboxed backward gives); its double-backward guard scans the args."""
     from torch_aot_rt import _state
 
     def f(a, b):
@@ -1090,18 +1091,21 @@ def test_212_backward_takes_grads_unboxed(monkeypatch):
 
     grads = (torch.ones(3, 4), torch.ones(3, 3))
     results = {}
-    for release in (REL_212, RELEASE):
-        monkeypatch.setattr(_state, "release", lambda release=release: release)
+    # None: upstream's own CompiledFunction (the installed torch is a 2.12)
+    for release in (REL_212, None if RELEASE.series == (2, 12) else RELEASE):
+        if release is not None:
+            monkeypatch.setattr(_state, "release", lambda release=release: release)
         _seeded()
         a, b = leaf(3, 4), leaf(3, 4)
-        with T.c_runtime(True):
+        with T.c_runtime(release is not None):
             outs = aot_function(f, fw_compiler=nop, bw_compiler=nop)(a, b)
         monkeypatch.undo()
         gf = outs[0].grad_fn
         cls = gf._forward_cls
-        assert type(cls.__dict__["backward"].__func__).__name__ == "CompiledBackward"
+        assert (type(cls.__dict__["backward"].__func__).__name__ == "CompiledBackward") is \
+            (release is not None)
         with torch.no_grad():
-            if release is REL_212:
+            if release is REL_212 or release is None:
                 got = cls.backward(gf, *grads)
                 with pytest.raises(AssertionError, match="expected 2 grad_outs, got 1"):
                     cls.backward(gf, list(grads))
@@ -1109,6 +1113,7 @@ def test_212_backward_takes_grads_unboxed(monkeypatch):
                 got = cls.backward(gf, list(grads))
                 with pytest.raises(AssertionError, match="single mutable list"):
                     cls.backward(gf, *grads)
-        results[release.name] = [None if g is None else g.clone() for g in got]
+        results[getattr(release, "name", "upstream")] = [
+            None if g is None else g.clone() for g in got]
     first, second = results.values()
     assert all(torch.equal(x, y) for x, y in zip(first, second))

@@ -157,6 +157,12 @@ def traced(tmp_path_factory):
 def test_same_artifacts_and_c_plan_described(traced):
     off, on = traced
     assert set(off) == {"compile", "cache", "spy", "outside", "end"}, list(off)
+    if not RELEASE.runtime_wrapper_generated:
+        # 2.12: the reference Python runs; nothing is generated, nothing
+        # logged, by upstream or by us
+        assert _ours(off) == [] and _ours(on) == [], (_ours(off), _ours(on))
+        assert shape(on) == shape(off)
+        return
     assert _ours(off), "upstream logged no runtime-wrapper artifact"
     assert shape(on) == shape(off)
     for name, payload in _ours(on):
@@ -186,6 +192,9 @@ def test_artifact_shape_of_the_release(traced):
     outside a scope (2.15)."""
     off, _ = traced
     got = shape(off)
+    if not RELEASE.runtime_wrapper_generated:
+        assert all(arts == [] for arts in got.values()), got
+        return
     if not RELEASE.aggregates_runtime_wrapper_trace:
         assert all(n in OURS for arts in got.values() for n, _ in arts), got
         assert [n for n, _ in got["outside"]] == [

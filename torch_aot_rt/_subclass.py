@@ -453,14 +453,24 @@ def build(upstream, wrapper_self, compiled_fn, aot_config, runtime_metadata):
 def install(rw):
     """Put our ``post_compile`` on ``AOTDispatchSubclassWrapper``; returns the
     ``_state.Replaced`` record, or None where the class is not the verified one
-    (counted)."""
+    (counted). Where the release's wrapper is not mirrored, ours only counts
+    each compile that reaches upstream's."""
     import functools
 
-    if not _state.release().subclass_wrapper_mirrored:
-        _state.count_fallback(f"subclass wrapper: not mirrored for torch {_state.release().name}")
-        return None
     cls = rw.__dict__.get("AOTDispatchSubclassWrapper")
     upstream = getattr(cls, "__dict__", {}).get("post_compile")
+    if not _state.release().subclass_wrapper_mirrored and inspect.isfunction(upstream):
+        # upstream's runs; each compile that reaches it is counted
+        reason = f"subclass wrapper: not mirrored for torch {_state.release().name}"
+
+        @functools.wraps(upstream)
+        def counted(self, compiled_fn, aot_config, *, runtime_metadata):
+            fn = upstream(self, compiled_fn, aot_config, runtime_metadata=runtime_metadata)
+            if fn is not compiled_fn and _state.is_enabled():
+                _state.count_fallback(reason)
+            return fn
+
+        return _state.replace(cls, "post_compile", counted)
     if upstream is None or not inspect.isfunction(upstream):
         _state.count_fallback("subclass wrapper: AOTDispatchSubclassWrapper.post_compile "
                               "is not the verified one")

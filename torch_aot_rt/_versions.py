@@ -18,6 +18,7 @@ are then assumed, and ``stats()`` says so).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -182,8 +183,12 @@ class Release:
     per_call_layers_mirrored: bool = True
     # The compiler wrappers whose post_compile returns a reference closure
     # (2.12: effect tokens, synthetic base, functionalized RNG) instead of a
-    # generated function (2.13 on): _wrappers builds its C objects from what
-    # a generated function reads, so these stay upstream's, counted.
+    # generated function (2.13 on). 2.12's effect-tokens and RNG closures wrap
+    # every compiled function, needed or not: _wrappers builds their C
+    # objects from the closure cells (only passing the call on where there
+    # are no tokens / no RNG functionalization); the synthetic base closure
+    # (merge_view_inputs per call) and functionalized RNG stay upstream's,
+    # counted.
     closure_compiler_wrappers: tuple[str, ...] = ()
     # The generated subclass wrapper and backward subclass functions are
     # compiled under a path Dynamo skips (2.13 on: f"{__file__}:codegen(...)");
@@ -208,6 +213,43 @@ class Release:
 
 
 VERIFIED: tuple[Release, ...] = (
+    # 2.12: AOTAutograd before codegen (the fields after
+    # alias_translates_storage_offset); docs/compatibility.md "2.12".
+    Release(
+        series=(2, 12),
+        keeps_saved_graph_inputs=False,
+        snapshots_external_objects=False,
+        copies_backward_context=False,
+        opaque_type_check="is_opaque_type",
+        opaque_base="OpaqueBase",
+        function_apply_is_base=False,
+        source_capture_sink=None,
+        disable_skips_none_callback=False,
+        external_objects_registry=None,
+        external_objects_setter=None,
+        aggregates_runtime_wrapper_trace=False,
+        has_input_grad_buffers=False,
+        backward_compile_defers_gc=False,
+        subclass_outputs_by_cursor=False,
+        subclass_act_inputs="act_input_indices",
+        tangent_fake_check_cpp=False,
+        alias_translates_storage_offset=False,
+        runtime_wrapper_generated=False,
+        forces_original_view_tracking=True,
+        dynamic_dims_attr="_dynamo_weak_dynamic_indices",
+        leaf_mutation_checks_stream=True,
+        invoker_checks_args_list=True,
+        updated_alias_inline_check=True,
+        boxed_backward=False,
+        double_backward_scans_args=True,
+        forward_checks_boxed_call=True,
+        per_call_layers_mirrored=True,
+        closure_compiler_wrappers=(
+            "EffectTokensWrapper", "AOTSyntheticBaseWrapper", "FunctionalizedRngRuntimeWrapper",
+        ),
+        subclass_wrapper_mirrored=False,
+        prologue_range_exited_on_error=True,
+    ),
     Release(
         series=(2, 13),
         keeps_saved_graph_inputs=False,
@@ -271,47 +313,13 @@ VERIFIED: tuple[Release, ...] = (
 )
 
 # Releases read and partly mirrored, not verified: the gate stays closed on
-# them. Their runtime wrapper is mirrored in C (the plan bits above, tested
-# on every verified release by tests/test_release_semantics.py); their
-# CompiledFunction and other per-call layers are not (issue 19). The
-# TORCH_AOT_RT_UNVERIFIED=1 opt-in uses the entry of the running series.
-CANDIDATES: tuple[Release, ...] = tuple(
-    Release(
-        series=series,
-        keeps_saved_graph_inputs=False,
-        snapshots_external_objects=False,
-        copies_backward_context=False,
-        opaque_type_check="is_opaque_type",
-        opaque_base="OpaqueBase",
-        function_apply_is_base=False,
-        source_capture_sink=None,
-        disable_skips_none_callback=False,
-        external_objects_registry=None,
-        external_objects_setter=None,
-        aggregates_runtime_wrapper_trace=False,
-        has_input_grad_buffers=False,
-        backward_compile_defers_gc=False,
-        subclass_outputs_by_cursor=False,
-        subclass_act_inputs="act_input_indices",
-        tangent_fake_check_cpp=False,
-        alias_translates_storage_offset=False,
-        runtime_wrapper_generated=False,
-        forces_original_view_tracking=True,
-        dynamic_dims_attr="_dynamo_weak_dynamic_indices",
-        leaf_mutation_checks_stream=True,
-        invoker_checks_args_list=True,
-        updated_alias_inline_check=True,
-        boxed_backward=False,
-        double_backward_scans_args=True,
-        forward_checks_boxed_call=True,
-        per_call_layers_mirrored=series >= (2, 12),
-        closure_compiler_wrappers=(
-            "EffectTokensWrapper", "AOTSyntheticBaseWrapper", "FunctionalizedRngRuntimeWrapper",
-        ),
-        subclass_wrapper_mirrored=False,
-        prologue_range_exited_on_error=series >= (2, 12),
-    )
-    for series in ((2, 11), (2, 12))
+# them. The TORCH_AOT_RT_UNVERIFIED=1 opt-in uses the entry of the running
+# series. 2.11: 2.12's runtime semantics, and an older post_compile (issue 19).
+CANDIDATES: tuple[Release, ...] = (
+    dataclasses.replace(
+        VERIFIED[0], series=(2, 11), per_call_layers_mirrored=False,
+        prologue_range_exited_on_error=False,
+    ),
 )
 
 UNVERIFIED_ENV = "TORCH_AOT_RT_UNVERIFIED"

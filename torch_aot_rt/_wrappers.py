@@ -18,6 +18,14 @@ that then runs on every call:
 - ``DebugAssertWrapper`` (``config.debug_assert``): ``inner_fn`` ->
   ``_C.DebugAssertWrapper``.
 
+On torch 2.12 three of them return a reference closure instead
+(``Release.closure_compiler_wrappers``), and two of those wrap every compiled
+function: ``EffectTokensWrapper``'s ``inner_fn`` (``_C.EffectTokensWrapper``
+with tokens, else ``_C.ForwardingWrapper``) and
+``FunctionalizedRngRuntimeWrapper``'s ``wrapper`` (``_C.ForwardingWrapper``
+without RNG functionalization); ``AOTSyntheticBaseWrapper``'s closure stays
+upstream's.
+
 Ours is each class's ``post_compile``: it runs upstream's first (so every
 build-time effect is upstream's: its checks and errors, the generated source
 logged for TORCH_TRACE/tlparse and captured by ``compile_to_python``), then,
@@ -128,6 +136,21 @@ def _effect_tokens(wrapper, fn, compiled_fn, aot_config, meta):
     return _C.EffectTokensWrapper(fn, g["_compiled_fn_"], len(meta.tokens))
 
 
+def _effect_tokens_closure(wrapper, fn, compiled_fn, aot_config, meta):
+    """2.12's ``inner_fn``, around every compiled function: with tokens it is
+    the generated function's program, without it only passes the call on."""
+    from . import _C
+
+    cells = _cells(fn, "inner_fn", ("compiled_fn", "num_tokens"))
+    n = cells["num_tokens"].cell_contents
+    if type(n) is not int or n != len(meta.tokens):
+        raise Unsupported("inner_fn's num_tokens is not len(runtime_metadata.tokens)")
+    target = cells["compiled_fn"].cell_contents
+    if n == 0:
+        return _C.ForwardingWrapper(fn, target)
+    return _C.EffectTokensWrapper(fn, target, n)
+
+
 def _synthetic_base(wrapper, fn, compiled_fn, aot_config, meta):
     from . import _C
 
@@ -148,6 +171,13 @@ def _synthetic_base(wrapper, fn, compiled_fn, aot_config, meta):
     )
 
 
+def _synthetic_base_closure(wrapper, fn, compiled_fn, aot_config, meta):
+    # 2.12's wrapped_compiled_fn runs merge_view_inputs on every call (2.13
+    # generates the base groups' program once): not mirrored
+    raise Unsupported(f"AOTSyntheticBaseWrapper.post_compile returns a closure on torch "
+                      f"{_state.release().name} (merge_view_inputs per call, not mirrored)")
+
+
 def _unpack2(value):
     """``seed, offset = value``, for a state that is not a pair: Python's own
     unpacking and errors."""
@@ -165,6 +195,22 @@ def _rng(wrapper, fn, compiled_fn, aot_config, meta):
         raise Unsupported("num_forward_returns is not a non-negative int")
     return _C.RngWrapper(fn, g["_compiled_fn_"], g["_get_rng_state_"], g["_set_offset_"],
                          _unpack2, k, bool(wrapper.return_new_outs))
+
+
+def _rng_closure(wrapper, fn, compiled_fn, aot_config, meta):
+    """2.12's ``wrapper``, around every compiled function: without RNG
+    functionalization it only passes the call on."""
+    from . import _C
+
+    cells = _cells(fn, "wrapper", ("compiled_fn", "runtime_metadata", "self"))
+    if cells["runtime_metadata"].cell_contents is not meta or cells["self"].cell_contents \
+            is not wrapper:
+        raise Unsupported("wrapper closes over another metadata or wrapper")
+    if meta.is_rng_op_functionalized:
+        # CUDA only: CUDARngStateHelper per call; never run here to compare
+        raise Unsupported(f"FunctionalizedRngRuntimeWrapper.post_compile returns a closure on "
+                          f"torch {_state.release().name} (functionalized RNG, not mirrored)")
+    return _C.ForwardingWrapper(fn, cells["compiled_fn"].cell_contents)
 
 
 def _fakified_out(wrapper, fn, compiled_fn, aot_config, meta):
@@ -196,14 +242,15 @@ def _runtime_wrappers():
     return rw
 
 
-# (class, what stats() calls it, builder)
+# (class, what stats() calls it, builder, builder where the release's
+# post_compile returns a reference closure: Release.closure_compiler_wrappers)
 BUILDERS = (
-    ("AOTDedupeWrapper", "dedupe", _dedupe),
-    ("EffectTokensWrapper", "effect tokens", _effect_tokens),
-    ("AOTSyntheticBaseWrapper", "synthetic base", _synthetic_base),
-    ("FunctionalizedRngRuntimeWrapper", "functionalized RNG", _rng),
-    ("FakifiedOutWrapper", "fakified out", _fakified_out),
-    ("DebugAssertWrapper", "debug assert", _debug_assert),
+    ("AOTDedupeWrapper", "dedupe", _dedupe, None),
+    ("EffectTokensWrapper", "effect tokens", _effect_tokens, _effect_tokens_closure),
+    ("AOTSyntheticBaseWrapper", "synthetic base", _synthetic_base, _synthetic_base_closure),
+    ("FunctionalizedRngRuntimeWrapper", "functionalized RNG", _rng, _rng_closure),
+    ("FakifiedOutWrapper", "fakified out", _fakified_out, None),
+    ("DebugAssertWrapper", "debug assert", _debug_assert, None),
 )
 
 
@@ -257,12 +304,9 @@ def install(rw) -> list:
     returns the ``_state.Replaced`` records."""
     replaced = []
     release = _state.release()
-    for cls_name, what, builder in BUILDERS:
+    for cls_name, what, builder, closure_builder in BUILDERS:
         if cls_name in release.closure_compiler_wrappers:
-            _state.count_fallback(
-                f"{what} wrapper: {cls_name}.post_compile returns a closure on torch "
-                f"{release.name} (not mirrored)")
-            continue
+            builder = closure_builder
         cls = rw.__dict__.get(cls_name)
         upstream = getattr(cls, "__dict__", {}).get("post_compile")
         if upstream is None or not inspect.isfunction(upstream) or _shape(upstream) != _SHAPE:
