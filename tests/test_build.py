@@ -165,8 +165,7 @@ def test_wheel_on_unsupported_torch_series(tmp_path):
         names, record, log = _build_wheel(tmp_path, TORCH_AOT_RT_CPP_SERIES_OVERRIDE="2.10")
         expected = (
             "torch 2.10's headers are not supported by the C++ part (it builds against torch "
-            "2.13, 2.14, 2.15: torch::autograd::Node owned by c10::intrusive_ptr) "
-            "[TORCH_AOT_RT_CPP_SERIES_OVERRIDE=2.10]"
+            "2.12, 2.13, 2.14, 2.15) [TORCH_AOT_RT_CPP_SERIES_OVERRIDE=2.10]"
         )
     else:
         names, record, log = _build_wheel(tmp_path)
@@ -248,7 +247,7 @@ def test_record_built_but_module_does_not_load(records, monkeypatch):
     "reason",
     [
         "torch 2.10's headers are not supported by the C++ part (it builds against torch "
-        "2.13, 2.14, 2.15: torch::autograd::Node owned by c10::intrusive_ptr)",
+        "2.12, 2.13, 2.14, 2.15)",
         "compiling the C++ part against torch 9.9.0+fake failed: x.cpp:1:2: error: nope",
         "TORCH_AOT_RT_CPP=0 at build",
     ],
@@ -326,7 +325,7 @@ def test_switched_off_at_runtime(records, monkeypatch):
 
 
 def test_cpp_series():
-    assert _cpp.CPP_SERIES == ((2, 13), (2, 14), (2, 15))
+    assert _cpp.CPP_SERIES == ((2, 12), (2, 13), (2, 14), (2, 15))
     for version, series in [("2.13.0+cpu", (2, 13)), ("2.14.1+cu130", (2, 14)),
                             ("2.15.0", (2, 15)), ("2.10.0+cu128", (2, 10)), ("junk", None)]:
         assert _cpp.torch_series(version) == series
@@ -335,24 +334,23 @@ def test_cpp_series():
     for minor in (10, 16):
         assert _cpp.headers_unsupported((2, minor)) == (
             f"torch 2.{minor}'s headers are not supported by the C++ part (it builds against "
-            "torch 2.13, 2.14, 2.15: torch::autograd::Node owned by c10::intrusive_ptr)"
+            "torch 2.12, 2.13, 2.14, 2.15)"
         )
-    # compiles against them (csrc/cpp/node_ptr.h), but the node is not theirs yet
-    assert _cpp.NODE_NOT_UPSTREAMS == ((2, 11), (2, 12))
-    for minor in (11, 12):
-        assert _cpp.headers_unsupported((2, minor)) == (
-            f"torch 2.{minor}'s headers are not supported by the C++ part yet (it compiles "
-            "against them, torch::autograd::Node owned by std::shared_ptr, but its autograd "
-            "node is not that release's PyNode: the ctx it owns and the unboxed backward "
-            "call; it builds against torch 2.13, 2.14, 2.15)"
-        )
+    # compiles against them (csrc/cpp/node_ptr.h, as 2.12's), but untested
+    assert _cpp.NODE_UNTESTED == ((2, 11),)
+    assert _cpp.headers_unsupported((2, 11)) == (
+        "torch 2.11's headers are not supported by the C++ part yet (it compiles against "
+        "them, as against 2.12's, but its autograd node is untested there: no "
+        "CompiledFunction of that release runs in C yet; it builds against torch 2.12, "
+        "2.13, 2.14, 2.15)"
+    )
     assert _cpp.headers_unsupported(None).startswith("a torch of unknown series is not supported")
 
 
 def test_node_ownership_spelled_in_one_place():
     """Who owns a torch::autograd::Node (c10::intrusive_ptr from torch 2.13,
     std::shared_ptr on 2.11/2.12) is written in csrc/cpp/node_ptr.h only;
-    the rest of the C++ part goes through NodePtr / make_node /
+    the rest of the C++ part goes through NodePtr / WeakNodePtr / make_node /
     face_owns_node (comments aside)."""
     import re
 

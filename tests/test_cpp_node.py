@@ -639,3 +639,187 @@ def test_saved_objects_freed_without_cycles_over_many_calls():
 
     r = both(run)
     D.assert_same(r[False], r[True], "opaque objects alive after their outputs died")
+
+
+# ---------------------------------------------------------------------------
+# the grad_fn's life: one object for the node's life, weakly referenceable,
+# and once the node is gone (its outputs died) a held grad_fn keeps the ctx
+# state and raises upstream's errors for what needs the node. Upstream's
+# grad_fn is the ctx the node owns (a THPFunction); the C++ node's is a face
+# with that ownership where the node owns its face (2.11/2.12, node_ptr.h),
+# else torch's THPCppFunction, which owns the node: there, these tests check
+# the documented differences instead (docs/compatibility.md).
+
+
+def node_owns_face() -> bool:
+    """Whether the C++ node in use owns its grad_fn (THPFunction's shape)."""
+    if not T.cpp_node_in_use():
+        return False
+    import importlib
+
+    name = torch_aot_rt.stats()["cpp"]["module"]
+    return bool(importlib.import_module(f"torch_aot_rt.{name}").node_owns_face)
+
+
+def _attempt(fn):
+    """``fn()`` as a value, or its error (type and message)."""
+    try:
+        return {"value": fn()}
+    except Exception as e:  # noqa: BLE001 - the exception is the observation
+        return D.error_record(e)
+
+
+def test_grad_fn_identity_and_weak_reference():
+    """The same grad_fn object for the node's life (after every Python
+    reference to it died), a weak reference to it that lives as long as the
+    node, type name and module, not callable."""
+
+    def run(use_c):
+        g = compile_fn(f_two, use_c)
+        out = g(leaf(3, 4), leaf(3, 4))
+        T.check_classes(out, use_c, expect=1)
+        gf = out[0].grad_fn
+        ref = _attempt(lambda: weakref.ref(gf))
+        rec = {
+            "is_second_output's": out[0].grad_fn is out[1].grad_fn,
+            "callable": callable(gf),
+            "type": (type(gf).__name__, type(gf).__module__),
+        }
+        del gf
+        gc.collect()
+        if "value" in ref:
+            # the object the dropped reference named, alive and still the grad_fn
+            w = ref["value"]
+            rec["same_object"] = w() is not None and w() is out[0].grad_fn
+            del out
+            gc.collect()
+            rec["weakref_after_outputs_died"] = w() is not None
+        else:
+            rec["weakref"] = ref
+        return rec
+
+    r = both(run)
+    assert r[False]["same_object"], r[False]
+    assert not r[False]["weakref_after_outputs_died"], r[False]
+    if T.cpp_node_in_use() and not node_owns_face():
+        # 2.13 on: torch's THPCppFunction (documented): callable, no weak
+        # reference, a type of torch._C._functions
+        c = r[True]
+        assert c["is_second_output's"] and c["callable"], c
+        assert c["weakref"]["type"] == "TypeError", c
+        return
+    D.assert_same(r[False], r[True], "grad_fn identity")
+
+
+# What a held grad_fn answers once its outputs died (name, getter or method
+# with its arguments); register_hook's callable is made per run.
+_HELD_PROBES = [
+    ("name", lambda gf: gf.name()),
+    ("next_functions", lambda gf: [(type(f).__name__, n) for f, n in gf.next_functions]),
+    ("metadata", lambda gf: dict(gf.metadata)),
+    ("_input_metadata", lambda gf: [(tuple(m.shape), str(m.dtype), str(m.device))
+                                     for m in gf._input_metadata]),
+    ("_sequence_nr", lambda gf: gf._sequence_nr() >= 0),
+    ("_set_sequence_nr", lambda gf: gf._set_sequence_nr(7)),
+    ("register_hook", lambda gf: type(gf.register_hook(lambda *a: None)).__name__),
+    ("register_prehook", lambda gf: type(gf.register_prehook(lambda *a: None)).__name__),
+    ("saved_tensors", lambda gf: len(gf.saved_tensors)),
+    ("symints", lambda gf: list(gf.symints)),
+    ("_forward_cls", lambda gf: gf._forward_cls.__name__),
+    ("to_save", lambda gf: gf.to_save),
+    ("non_differentiable", lambda gf: gf.non_differentiable),
+    ("_materialize_non_diff_grads", lambda gf: gf._materialize_non_diff_grads),
+    ("requires_grad", lambda gf: gf.requires_grad),
+    ("maybe_clear_saved_tensors", lambda gf: gf.maybe_clear_saved_tensors()),
+]
+
+
+@pytest.mark.parametrize("backward_first", [False, True])
+def test_held_grad_fn_after_outputs_died(backward_first):
+    """A grad_fn held after its outputs died. On 2.11/2.12 its node died with
+    them: what needs the node raises upstream's error word for word
+    (``Attribute 'next_functions' is invalid ...``, the anomaly-metadata
+    message), the ctx state stays readable, saved tensors are freed; from
+    2.13 on the grad_fn keeps its node (upstream's ctx too). With or without
+    a backward first."""
+
+    def run(use_c):
+        g = compile_fn(f_two, use_c)
+        out = g(leaf(3, 4), leaf(3, 4))
+        T.check_classes(out, use_c, expect=1)
+        if backward_first:
+            (out[0].sum() + out[1].sum()).backward()
+        gf = out[0].grad_fn
+        alive = {name: _attempt(lambda p=probe: p(gf)) for name, probe in _HELD_PROBES}
+        del out
+        gc.collect()
+        return alive, {name: _attempt(lambda p=probe: p(gf)) for name, probe in _HELD_PROBES}
+
+    r = both(run)
+    _, died = r[False]
+    if node_owns_face():
+        # 2.11/2.12: upstream's ctx holds its node weakly
+        assert died["next_functions"]["type"] == "RuntimeError", died
+        assert "Attribute 'next_functions' is invalid" in died["next_functions"]["message"]
+    D.assert_same(r[False], r[True], "held grad_fn")
+
+
+def test_anomaly_metadata():
+    """Anomaly mode's forward trace on the node (grad_fn.metadata): the same
+    keys, and the same node name when a backward fails under it."""
+
+    def run(use_c):
+        g = compile_fn(f_two, use_c)
+        with torch.autograd.detect_anomaly(check_nan=False):
+            out = g(leaf(3, 4), leaf(3, 4))
+        T.check_classes(out, use_c, expect=1)
+        gf = out[0].grad_fn
+        return sorted(gf.metadata), gf.metadata is out[1].grad_fn.metadata
+
+    r = both(run)
+    assert r[False][0], r[False]
+    D.assert_same(r[False], r[True], "metadata")
+
+
+def test_apply_by_hand():
+    """grad_fn.apply(*grads): the backward called by hand, as the release's
+    BackwardCFunction calls it (unboxed on 2.11/2.12: backward(ctx,
+    *grads)); apply_boxed exactly where upstream's ctx has it."""
+
+    def run(use_c):
+        g = compile_fn(f_two, use_c)
+        out = g(leaf(3, 4), leaf(3, 4))
+        T.check_classes(out, use_c, expect=1)
+        gf = out[0].grad_fn
+        grads = _attempt(lambda: [D.TensorValue(t) for t in
+                                  gf.apply(torch.ones(3, 4), torch.ones(3, 3))])
+        return grads, hasattr(gf, "apply_boxed")
+
+    r = both(run)
+    assert "value" in r[False][0], r[False]
+    D.assert_same(r[False], r[True], "apply")
+
+
+def test_cycle_through_grad_fn_and_output_hook_dict():
+    """A cycle through a tensor hook on an output (the hook holds the output):
+    collected or kept exactly as upstream's."""
+
+    def run(use_c):
+        g = compile_fn(f_two, use_c)
+        out = g(leaf(3, 4), leaf(3, 4))
+        T.check_classes(out, use_c, expect=1)
+        first = out[0]
+        first.register_hook(lambda gr, keep=first: gr)
+        w = _attempt(lambda: weakref.ref(first.grad_fn))
+        wt = weakref.ref(first)
+        del out, first
+        gc.collect()
+        rec = {"tensor_alive": wt() is not None}
+        if "value" in w:  # (2.13 on, the THPCppFunction takes none)
+            rec["grad_fn_alive"] = w["value"]() is not None
+        return rec
+
+    r = both(run)
+    if T.cpp_node_in_use() and not node_owns_face():
+        r[False].pop("grad_fn_alive")
+    D.assert_same(r[False], r[True], "hook cycle")

@@ -24,9 +24,12 @@ CPP_ENV = "TORCH_AOT_RT_CPP"
 # The torch series whose headers the C++ part (csrc/cpp/) compiles against.
 # From 2.13 on, torch::autograd::Node is owned by c10::intrusive_ptr; before,
 # by std::shared_ptr (2.10's function.h: `struct Node :
-# std::enable_shared_from_this<Node>`). 2.15's headers were checked to build.
+# std::enable_shared_from_this<Node>`). 2.12's are compiled against as well
+# (csrc/cpp/node_ptr.h): there the node owns its grad_fn, which has
+# THPFunction's ownership (csrc/cpp/compiled_node_face_owned.cpp), and calls
+# the backward unboxed, as 2.12's PyNode. 2.15's headers were checked to build.
 # setup.py compiles the part only for these series.
-CPP_SERIES = ((2, 13), (2, 14), (2, 15))
+CPP_SERIES = ((2, 12), (2, 13), (2, 14), (2, 15))
 
 # Where the records and modules are; a name of its own so tests can point it
 # at records of their own.
@@ -47,16 +50,13 @@ def torch_series(torch_version: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-# Series whose headers the C++ part compiles against (csrc/cpp/node_ptr.h
-# holds the shared_ptr ownership; TORCH_AOT_RT_CPP_FORCE=1 builds it) but
-# whose upstream node its autograd node does not reproduce yet, so that it is
-# not built there (issue 19): their PyNode owns its Python ctx (one grad_fn
-# object for the node's life, which a reference cycle through what forward
-# saved on it takes part in: collected), and calls ctx.apply(*grads) (no
-# boxed_grads_call). The C++ node is a THPCppFunction face over a
-# shared_ptr-owned node: a new face whenever the last one died, and saved
-# Python objects the GC sees only through a face that owns the node alone.
-NODE_NOT_UPSTREAMS = ((2, 11), (2, 12))
+# Series whose headers the C++ part compiles against, and whose upstream node
+# its autograd node reproduces as far as can be read (2.11's headers, its
+# PyNode and BackwardCFunction are 2.12's), but where it is not tested, so
+# not built (TORCH_AOT_RT_CPP_FORCE=1 builds it): no CompiledFunction of 2.11
+# runs through the C path yet (its old post_compile, issue 19), and only
+# that path makes the node.
+NODE_UNTESTED = ((2, 11),)
 
 
 def headers_unsupported(series: tuple[int, int] | None) -> str | None:
@@ -66,16 +66,14 @@ def headers_unsupported(series: tuple[int, int] | None) -> str | None:
         return None
     which = "torch %d.%d's headers are" % series if series else "a torch of unknown series is"
     supported = ", ".join("%d.%d" % s for s in CPP_SERIES)
-    if series in NODE_NOT_UPSTREAMS:
+    if series in NODE_UNTESTED:
         return (
-            f"{which} not supported by the C++ part yet (it compiles against them, "
-            "torch::autograd::Node owned by std::shared_ptr, but its autograd node is not "
-            "that release's PyNode: the ctx it owns and the unboxed backward call; it builds "
-            f"against torch {supported})"
+            f"{which} not supported by the C++ part yet (it compiles against them, as "
+            "against 2.12's, but its autograd node is untested there: no CompiledFunction "
+            f"of that release runs in C yet; it builds against torch {supported})"
         )
     return (
-        f"{which} not supported by the C++ part (it builds against torch "
-        f"{supported}: torch::autograd::Node owned by c10::intrusive_ptr)"
+        f"{which} not supported by the C++ part (it builds against torch {supported})"
     )
 
 
@@ -145,3 +143,17 @@ def load(torch):
     except ImportError as e:
         return None, None, f"{name} does not load: {e}"
     return module.api, name, None
+
+
+def node_backward_boxed() -> bool | None:
+    """How the loaded C++ part's autograd node calls CompiledFunction.backward:
+    True for ``backward(ctx, grads_list)`` (2.13 on: apply_boxed), False for
+    ``backward(ctx, *grads)`` (2.11/2.12: ctx.apply); None when the C path
+    runs without it."""
+    import sys
+
+    from . import _state
+
+    name = _state.cpp()[0]
+    module = sys.modules.get(f"{__package__}.{name}") if name else None
+    return None if module is None else bool(module.node_backward_boxed)

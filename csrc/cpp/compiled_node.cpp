@@ -31,12 +31,17 @@ namespace rt_node {
 variable_list CompiledFunctionNode::apply(variable_list&& inputs) {
   GilAcquire gil;
   at::OptionalDeviceGuard device_guard;
+  CompiledFunctionState& st = state();
   THPObjectPtr self(torch::autograd::functionToPyObject(getptr()));
   if (!self) {
     throw_python_error();
   }
   const size_t num_inputs = inputs.size();
-  THPObjectPtr grads(PyList_New(static_cast<Py_ssize_t>(num_inputs)));
+  // PyNode::to_py_args. 2.13 on, a list (what apply_boxed gets: the
+  // backward can drop each grad); 2.11/2.12, the tuple PyNode passes to
+  // ctx.apply(*grads).
+  THPObjectPtr grads(kBackwardBoxed ? PyList_New(static_cast<Py_ssize_t>(num_inputs))
+                                    : PyTuple_New(static_cast<Py_ssize_t>(num_inputs)));
   if (!grads) {
     throw_python_error();
   }
@@ -44,30 +49,61 @@ variable_list CompiledFunctionNode::apply(variable_list&& inputs) {
     PyObject* grad = nullptr;
     // materialize_grads is never switched off for CompiledFunction
     if (inputs[i].defined() ||
-        (input_metadata(i).was_default_constructed() && !materialize_non_diff_grads)) {
+        (input_metadata(i).was_default_constructed() && !st.materialize_non_diff_grads)) {
       grad = THPVariable_Wrap(inputs[i]);
     } else {
       Variable zeros;
       {
         GilRelease nogil;
-        zeros = output_info[i].zeros(device_guard);
+        zeros = st.output_info[i].zeros(device_guard);
       }
       grad = THPVariable_Wrap(zeros);
     }
     if (!grad) {
       throw_python_error();
     }
-    PyList_SET_ITEM(grads.get(), static_cast<Py_ssize_t>(i), grad);
+    if constexpr (kBackwardBoxed) {
+      PyList_SET_ITEM(grads.get(), static_cast<Py_ssize_t>(i), grad);
+    } else {
+      PyTuple_SET_ITEM(grads.get(), static_cast<Py_ssize_t>(i), grad);
+    }
   }
-  inputs.clear();
+  // 2.13 on, PyNode::apply drops the engine's references to the grads here
+  // (the list is then their only holder); 2.11/2.12's keeps them until the
+  // engine's call_function returns (a grad's C++ owner the backward can see:
+  // a tensor whose impl has another owner keeps its PyObject referenced).
+  if constexpr (kBackwardBoxed) {
+    inputs.clear();
+  }
 
-  THPObjectPtr backward(PyObject_GetAttr(forward_cls, str_backward));
+  THPObjectPtr backward(PyObject_GetAttr(st.forward_cls, str_backward));
   if (!backward) {
     throw_python_error();
   }
-  PyObject* argv[2] = {self.get(), grads.get()};
-  THPObjectPtr r(PyObject_Vectorcall(backward.get(), argv, 2, nullptr));
-  grads = nullptr;
+  THPObjectPtr r;
+  if constexpr (kBackwardBoxed) {
+    // cls.backward(ctx, grads), as apply_boxed for a boxed_grads_call
+    // Function (looked up per call, as there)
+    PyObject* argv[2] = {self.get(), grads.get()};
+    r = PyObject_Vectorcall(backward.get(), argv, 2, nullptr);
+    grads = nullptr;
+  } else {
+    // 2.11/2.12: PyObject_CallObject(ctx.apply, grads), i.e.
+    // BackwardCFunction.apply(ctx, *grads): its args a tuple of their own;
+    // this tuple too held until it returns, as PyNode::apply's
+    // (a new tuple: PyTuple_GetSlice would give this one back)
+    THPObjectPtr args(PyTuple_New(static_cast<Py_ssize_t>(num_inputs)));
+    if (!args) {
+      throw_python_error();
+    }
+    for (size_t i = 0; i < num_inputs; i++) {
+      PyTuple_SET_ITEM(args.get(), static_cast<Py_ssize_t>(i),
+                       Py_NewRef(PyTuple_GET_ITEM(grads.get(), static_cast<Py_ssize_t>(i))));
+    }
+    r = call_unboxed(backward.get(), self.get(), args.get());
+    args = nullptr;
+    grads = nullptr;
+  }
   if (!r) {
     throw_python_error();
   }
@@ -79,7 +115,7 @@ variable_list CompiledFunctionNode::apply(variable_list&& inputs) {
     r = tuple;
   }
   auto num_outputs = PyTuple_GET_SIZE(r.get());
-  const auto num_forward_inputs = static_cast<Py_ssize_t>(is_variable_input.size());
+  const auto num_forward_inputs = static_cast<Py_ssize_t>(st.is_variable_input.size());
   // Returning too many results is ok, but only as long as they're all None.
   if (num_outputs > num_forward_inputs) {
     bool all_none = true;
@@ -106,7 +142,7 @@ variable_list CompiledFunctionNode::to_variable_list(PyObject* grads) const {
   results.reserve(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject* grad = PyTuple_GET_ITEM(grads, i);
-    if (!is_variable_input[static_cast<size_t>(i)]) {
+    if (!state().is_variable_input[static_cast<size_t>(i)]) {
       TORCH_CHECK(Py_IsNone(grad), "function ", name(),
                   " returned a gradient different than None at position ", i + 1,
                   ", but the corresponding forward input was not a Variable");
@@ -171,7 +207,7 @@ int decline_reason(PyObject* args, variable_list& input_vars,
 }
 
 // _get_tensors_to_save (no setup_context)
-std::vector<std::optional<at::Tensor>> tensors_to_save(CompiledFunctionNode& node,
+std::vector<std::optional<at::Tensor>> tensors_to_save(CompiledFunctionState& node,
                                                       bool is_executable) {
   std::vector<std::optional<at::Tensor>> result;
   if (node.to_save == nullptr) {
@@ -199,7 +235,7 @@ std::vector<std::optional<at::Tensor>> tensors_to_save(CompiledFunctionNode& nod
 }
 
 // _parse_non_differentiable
-std::unordered_set<at::TensorImpl*> parse_non_differentiable(CompiledFunctionNode& node) {
+std::unordered_set<at::TensorImpl*> parse_non_differentiable(CompiledFunctionState& node) {
   std::unordered_set<at::TensorImpl*> set;
   if (node.non_differentiable == nullptr) {
     return set;
@@ -254,9 +290,10 @@ PyObject* process_outputs(const NodePtr<CompiledFunctionNode>& node,
     throw python_error();
   }
   node->clear_input_metadata();
-  auto to_save = tensors_to_save(*node, is_executable);
+  CompiledFunctionState& st = node->state();
+  auto to_save = tensors_to_save(st, is_executable);
 
-  auto non_differentiable = parse_non_differentiable(*node);
+  auto non_differentiable = parse_non_differentiable(st);
   std::vector<std::optional<Variable>> raw_output_vars;
   raw_output_vars.reserve(static_cast<size_t>(num_outputs));
   for (Py_ssize_t i = 0; i < num_outputs; i++) {
@@ -288,14 +325,14 @@ PyObject* process_outputs(const NodePtr<CompiledFunctionNode>& node,
                                                 view_as_self, false);
 #endif
   if (is_executable) {
-    node->output_info.reserve(static_cast<size_t>(num_outputs));
+    st.output_info.reserve(static_cast<size_t>(num_outputs));
   }
   for (Py_ssize_t i = 0; i < num_outputs; i++) {
     PyObject* obj = PyTuple_GET_ITEM(raw_output.get(), i);
     auto& out = wrapped[static_cast<size_t>(i)];
     if (!THPVariable_Check(obj) || !out.has_value()) {
       if (is_executable) {
-        node->output_info.emplace_back();
+        st.output_info.emplace_back();
       }
       PyTuple_SET_ITEM(outputs.get(), i, Py_NewRef(obj));
       continue;
@@ -306,7 +343,7 @@ PyObject* process_outputs(const NodePtr<CompiledFunctionNode>& node,
       bool is_differentiable = non_differentiable.count(out->unsafeGetTensorImpl()) == 0 &&
                                torch::autograd::isDifferentiableType(out->scalar_type());
       bool use_zeros_like = is_differentiable && num_outputs > 1 && out->is_nested();
-      node->output_info.emplace_back(out.value(), use_zeros_like);
+      st.output_info.emplace_back(out.value(), use_zeros_like);
     }
     PyObject* wrapped_obj = THPVariable_Wrap(std::move(out.value()));
     if (!wrapped_obj) {
@@ -325,16 +362,16 @@ PyObject* process_outputs(const NodePtr<CompiledFunctionNode>& node,
         output_impls.push_back(THPVariable_Unpack(obj).unsafeGetTensorImpl());
       }
     }
-    node->saved_variables.clear();
-    node->saved_variables.reserve(to_save.size());
+    st.saved_variables.clear();
+    st.saved_variables.reserve(to_save.size());
     for (const auto& t : to_save) {
       if (!t.has_value()) {
-        node->saved_variables.emplace_back();
+        st.saved_variables.emplace_back();
       } else {
         const at::TensorImpl* impl = t->unsafeGetTensorImpl();
         bool is_output = std::find(output_impls.begin(), output_impls.end(), impl) !=
                          output_impls.end();
-        node->saved_variables.emplace_back(*t, is_output);
+        st.saved_variables.emplace_back(*t, is_output);
       }
     }
   }
@@ -345,8 +382,8 @@ PyObject* process_outputs(const NodePtr<CompiledFunctionNode>& node,
   }
 #endif
   if (!is_executable) {
-    Py_CLEAR(node->to_save);
-    Py_CLEAR(node->non_differentiable);
+    Py_CLEAR(st.to_save);
+    Py_CLEAR(st.non_differentiable);
   }
   if (unpack_output) {
     return Py_NewRef(PyTuple_GET_ITEM(outputs.get(), 0));
@@ -373,12 +410,15 @@ PyObject* rt_node_apply(PyObject* cls, PyObject* args, int* declined) noexcept {
   }
   const bool is_executable = c10::GradMode::is_enabled() && any_requires_grad;
   // Node() takes the next sequence number, as PyNode's construction does.
-  auto node = make_node<CompiledFunctionNode>();
+  auto node = new_compiled_node();
+  if (!node) {
+    return nullptr;
+  }
   if (is_executable) {
     node->set_next_edges(torch::autograd::collect_next_edges(input_vars));
   }
-  node->is_variable_input = std::move(is_variable_input);
-  node->forward_cls = Py_NewRef(cls);
+  node->state().is_variable_input = std::move(is_variable_input);
+  node->state().forward_cls = Py_NewRef(cls);
 
   THPObjectPtr ctx(torch::autograd::functionToPyObject(node));
   if (!ctx) {

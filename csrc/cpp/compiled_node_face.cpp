@@ -1,7 +1,10 @@
 // compiled_node_face.cpp: the Python face of CompiledFunction's C++ node
-// (compiled_node.cpp): grad_fn, a THPCppFunction of a type registered as
+// (compiled_node.cpp): grad_fn, of a type registered as
 // torch._C._functions.CompiledFunctionBackward, with the ctx attributes
-// upstream's BackwardCFunction has and the C forward/backward plans use.
+// upstream's BackwardCFunction has and the C forward/backward plans use
+// (ctx_properties, ctx_methods: both faces). From 2.13 on the face is a
+// THPCppFunction (this file, below); on 2.11/2.12 it has THPFunction's
+// ownership (compiled_node_face_owned.cpp). See node_ptr.h.
 #include "compiled_node_impl.h"
 
 #include <cstring>
@@ -25,17 +28,27 @@ PyObject* str_backward = nullptr;
 
 namespace {
 
+// ---------------------------------------------------------------------------
+// What both faces share: the ctx state (CompiledFunctionState, wherever it
+// lives: state_of_face) and the backward called by hand.
+
 // THPFunction_saved_tensors / unpack_saved_variables
 PyObject* get_saved_tensors(PyObject* self, void* /*closure*/) {
   HANDLE_TH_ERRORS
-  CompiledFunctionNode* node = node_of(self);
-  TORCH_CHECK(!node->has_freed_buffers, torch::autograd::ERR_BACKWARD_TWICE);
-  const auto& saved = node->saved_variables;
+  const CompiledFunctionState& st = state_of_face(self);
+  TORCH_CHECK(!st.has_freed_buffers, torch::autograd::ERR_BACKWARD_TWICE);
+  const auto& saved = st.saved_variables;
   THPObjectPtr result(PyTuple_New(static_cast<Py_ssize_t>(saved.size())));
   if (!result) {
     return nullptr;
   }
-  auto saved_for = node->getptr();
+  if (saved.empty()) {
+    return result.release();
+  }
+  // buffers are freed when the node dies (deleteNode: release_variables),
+  // so it is alive here (unpack_saved_variables' assert)
+  auto saved_for = node_ref_of_face(self);
+  TORCH_INTERNAL_ASSERT(saved_for);
   for (size_t i = 0; i < saved.size(); i++) {
     Variable var = saved[i].unpack(saved_for);
     PyObject* value = var.defined() ? THPVariable_Wrap(var) : Py_NewRef(Py_None);
@@ -49,9 +62,9 @@ PyObject* get_saved_tensors(PyObject* self, void* /*closure*/) {
 }
 
 // Attributes upstream's forward puts in ctx.__dict__: AttributeError until set.
-template <PyObject* CompiledFunctionNode::*field>
+template <PyObject* CompiledFunctionState::*field>
 PyObject* get_dict_attr(PyObject* self, void* closure) {
-  PyObject* value = node_of(self)->*field;
+  PyObject* value = state_of_face(self).*field;
   if (value == nullptr) {
     PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%s'", kNodeName,
                  static_cast<const char*>(closure));
@@ -61,71 +74,25 @@ PyObject* get_dict_attr(PyObject* self, void* closure) {
 }
 
 // to_save / non_differentiable: THPFunction's getObject (None when unset).
-template <PyObject* CompiledFunctionNode::*field>
+template <PyObject* CompiledFunctionState::*field>
 PyObject* get_slot_attr(PyObject* self, void* /*closure*/) {
-  PyObject* value = node_of(self)->*field;
+  PyObject* value = state_of_face(self).*field;
   return Py_NewRef(value ? value : Py_None);
 }
 
-template <PyObject* CompiledFunctionNode::*field>
+template <PyObject* CompiledFunctionState::*field>
 int set_attr(PyObject* self, PyObject* value, void* closure) {
   if (value == nullptr) {
     PyErr_Format(PyExc_AttributeError, "cannot delete attribute '%s'",
                  static_cast<const char*>(closure));
     return -1;
   }
-  Py_XSETREF(node_of(self)->*field, Py_NewRef(value));
+  Py_XSETREF(state_of_face(self).*field, Py_NewRef(value));
   return 0;
 }
 
-#if RT_HAS_INPUT_GRAD_BUFFERS
-// _FunctionBase._input_grad_buffers (FunctionCtx.input_grad_buffers returns
-// it): the engine's current gradient buffers of the forward's inputs, one
-// entry per forward argument, None for an argument that is not a tensor and
-// for an undefined buffer. As THPFunction's getter: refused with a post-hook
-// on the node; then torch's get_current_input_grad_buffers (with the GIL
-// released) raises for every state it does not serve (not in backward, not
-// this node's backward, create_graph, anomaly mode, post-processing, ...).
-PyObject* get_input_grad_buffers(PyObject* self, void* /*closure*/) {
-  HANDLE_TH_ERRORS
-  CompiledFunctionNode* node = node_of(self);
-  TORCH_CHECK(node->post_hooks().empty(),
-              "input_grad_buffers does not support post-hooks on the producing autograd "
-              "node because directly accumulated gradients are returned as None and cannot "
-              "be observed or replaced by those hooks");
-  variable_list buffers;
-  {
-    GilRelease no_gil;
-    buffers = torch::autograd::get_current_input_grad_buffers(node);
-  }
-  const size_t n = node->is_variable_input.size();
-  THPObjectPtr result(PyTuple_New(static_cast<Py_ssize_t>(n)));
-  if (!result) {
-    return nullptr;
-  }
-  size_t variable_idx = 0;
-  for (size_t i = 0; i < n; i++) {
-    PyObject* value = nullptr;
-    if (node->is_variable_input[i]) {
-      TORCH_INTERNAL_ASSERT(variable_idx < buffers.size());
-      const Variable& buffer = buffers[variable_idx++];
-      value = buffer.defined() ? THPVariable_Wrap(buffer) : Py_NewRef(Py_None);
-      if (value == nullptr) {
-        return nullptr;
-      }
-    } else {
-      value = Py_NewRef(Py_None);
-    }
-    PyTuple_SET_ITEM(result.get(), static_cast<Py_ssize_t>(i), value);
-  }
-  TORCH_INTERNAL_ASSERT(variable_idx == buffers.size());
-  return result.release();
-  END_HANDLE_TH_ERRORS
-}
-#endif
-
 PyObject* get_materialize_non_diff_grads(PyObject* self, void* /*closure*/) {
-  return PyBool_FromLong(node_of(self)->materialize_non_diff_grads);
+  return PyBool_FromLong(state_of_face(self).materialize_non_diff_grads);
 }
 
 int set_materialize_non_diff_grads(PyObject* self, PyObject* value, void* /*closure*/) {
@@ -133,53 +100,30 @@ int set_materialize_non_diff_grads(PyObject* self, PyObject* value, void* /*clos
     PyErr_SetString(PyExc_TypeError, "_materialize_non_diff_grads must be a bool");
     return -1;
   }
-  node_of(self)->materialize_non_diff_grads = Py_IsTrue(value);
+  state_of_face(self).materialize_non_diff_grads = Py_IsTrue(value);
   return 0;
 }
 
-#define RT_DICT_ATTR(name, field)                                                   \
-  {(char*)name, get_dict_attr<&CompiledFunctionNode::field>,                        \
-   set_attr<&CompiledFunctionNode::field>, nullptr, (void*)name}
-#define RT_SLOT_ATTR(name, field)                                                   \
-  {(char*)name, get_slot_attr<&CompiledFunctionNode::field>,                        \
-   set_attr<&CompiledFunctionNode::field>, nullptr, (void*)name}
-
-PyGetSetDef node_properties[] = {
-    THP_FUNCTION_DEFAULT_PROPERTIES,
-    {(char*)"saved_tensors", get_saved_tensors, nullptr, nullptr, nullptr},
-    {(char*)"_forward_cls", get_slot_attr<&CompiledFunctionNode::forward_cls>, nullptr, nullptr,
-     nullptr},
-    RT_SLOT_ATTR("to_save", to_save),
-    RT_SLOT_ATTR("non_differentiable", non_differentiable),
-    RT_DICT_ATTR("_tensors_no_vc_check", tensors_no_vc_check),
-    RT_DICT_ATTR("symints", symints),
-    RT_DICT_ATTR("opaque_objects", opaque_objects),
-    RT_DICT_ATTR("_external_objects", external_objects),
-    {(char*)"_materialize_non_diff_grads", get_materialize_non_diff_grads,
-     set_materialize_non_diff_grads, nullptr, nullptr},
-#if RT_HAS_INPUT_GRAD_BUFFERS
-    {(char*)"_input_grad_buffers", get_input_grad_buffers, nullptr, nullptr, nullptr},
-    {(char*)"input_grad_buffers", get_input_grad_buffers, nullptr, nullptr, nullptr},
-#endif
-    {nullptr, nullptr, nullptr, nullptr, nullptr},
-};
-
-// THPFunction_maybe_clear_saved_tensors
+// THPFunction_maybe_clear_saved_tensors: the node's release_variables when
+// not keeping the graph (a method call: the GIL is held).
 PyObject* maybe_clear_saved_tensors(PyObject* self, PyObject* /*noargs*/) {
   HANDLE_TH_ERRORS
   if (!torch::autograd::get_current_graph_task_keep_graph()) {
-    node_of(self)->release_saved();  // a method call: the GIL is held
+    CompiledFunctionState& st = state_of_face(self);
+    st.saved_variables.clear();
+    st.has_freed_buffers = true;
   }
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
 
+#if RT_NODE_BOXED_BACKWARD
 // BackwardCFunction.apply(*grads) and apply_boxed(grads): the backward
 // called by hand, as `_forward_cls.backward(ctx, [*grads])` and
 // `_forward_cls.backward(ctx, grads)` (CompiledFunction has
 // boxed_grads_call, and no vjp).
 PyObject* call_backward(PyObject* self, PyObject* grads) {
-  THPObjectPtr backward(PyObject_GetAttr(node_of(self)->forward_cls, str_backward));
+  THPObjectPtr backward(PyObject_GetAttr(state_of_face(self).forward_cls, str_backward));
   if (!backward) {
     return nullptr;
   }
@@ -195,97 +139,55 @@ PyObject* apply_grads(PyObject* self, PyObject* args) {
 PyObject* apply_boxed(PyObject* self, PyObject* grads) {
   return call_backward(self, grads);
 }
-
-// THPCppFunction_set_sequence_nr (not exported by torch)
-PyObject* set_sequence_nr(PyObject* self, PyObject* sequence_nr) {
-  HANDLE_TH_ERRORS
-  uint64_t nr = PyLong_AsUnsignedLongLong(sequence_nr);
-  if (nr == static_cast<uint64_t>(-1) && PyErr_Occurred()) {
+#else
+// BackwardCFunction.apply(self, *args) on 2.11/2.12: `user_fn(self, *args)`,
+// the backward of _forward_cls (CompiledFunction has no vjp), its grads held
+// by the args tuple until it returns. There is no apply_boxed.
+PyObject* apply_grads(PyObject* self, PyObject* args) {
+  THPObjectPtr backward(PyObject_GetAttr(state_of_face(self).forward_cls, str_backward));
+  if (!backward) {
     return nullptr;
   }
-  node_of(self)->set_sequence_nr(nr);
-  Py_RETURN_NONE;
-  END_HANDLE_TH_ERRORS
+  return call_unboxed(backward.get(), self, args);
 }
+#endif
 
-PyMethodDef node_methods[] = {
-    {(char*)"_register_hook_dict", THPCppFunction_register_hook_dict, METH_O, nullptr},
-    {(char*)"register_hook", THPCppFunction_register_hook, METH_O, nullptr},
-    {(char*)"register_prehook", THPCppFunction_register_prehook, METH_O, nullptr},
-    {(char*)"name", THPCppFunction_name, METH_NOARGS, nullptr},
-    {(char*)"_sequence_nr", THPCppFunction_sequence_nr, METH_NOARGS, nullptr},
-    {(char*)"_set_sequence_nr", set_sequence_nr, METH_O, nullptr},
+#define RT_DICT_ATTR(name, field)                                                   \
+  {(char*)name, get_dict_attr<&CompiledFunctionState::field>,                       \
+   set_attr<&CompiledFunctionState::field>, nullptr, (void*)name}
+#define RT_SLOT_ATTR(name, field)                                                   \
+  {(char*)name, get_slot_attr<&CompiledFunctionState::field>,                       \
+   set_attr<&CompiledFunctionState::field>, nullptr, (void*)name}
+
+}  // namespace
+
+namespace rt_node {
+
+PyGetSetDef ctx_properties[] = {
+    {(char*)"saved_tensors", get_saved_tensors, nullptr, nullptr, nullptr},
+    {(char*)"_forward_cls", get_slot_attr<&CompiledFunctionState::forward_cls>, nullptr, nullptr,
+     nullptr},
+    RT_SLOT_ATTR("to_save", to_save),
+    RT_SLOT_ATTR("non_differentiable", non_differentiable),
+    RT_DICT_ATTR("_tensors_no_vc_check", tensors_no_vc_check),
+    RT_DICT_ATTR("symints", symints),
+    RT_DICT_ATTR("opaque_objects", opaque_objects),
+    RT_DICT_ATTR("_external_objects", external_objects),
+    {(char*)"_materialize_non_diff_grads", get_materialize_non_diff_grads,
+     set_materialize_non_diff_grads, nullptr, nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyMethodDef ctx_methods[] = {
     {(char*)"maybe_clear_saved_tensors", maybe_clear_saved_tensors, METH_NOARGS, nullptr},
     {(char*)"apply", apply_grads, METH_VARARGS, nullptr},
+#if RT_NODE_BOXED_BACKWARD
     {(char*)"apply_boxed", apply_boxed, METH_O, nullptr},
+#endif
     {nullptr, nullptr, 0, nullptr},
 };
 
-}  // namespace
-
-namespace {
-
-// Garbage collection. Upstream's ctx (a BackwardCFunction, a THPFunction)
-// keeps what CompiledFunction.forward stores on it in its own fields and its
-// __dict__, and THPFunction_traverse / subtype_traverse visit them whatever
-// the node's other owners; its PyNode is reached from a tensor's traverse
-// (THPVariable_traverse visits grad_fn->pyobj() when the tensor is the
-// grad_fn's only owner besides that object). Here the same objects live in
-// the C++ node, whose Python face (this type) plays the ctx's part: torch
-// keeps the face alive as long as the node has other owners (the
-// kHasPyObject preservation of intrusive_ptr<Node>), and the face owns the
-// node. So the face reports the node's Python objects as its own, as the
-// ctx reports its __dict__, and clears them as subtype_clear clears that
-// dict: a cycle through an object saved for backward (an opaque object
-// that refers back to an output or to its grad_fn) is collected exactly
-// when upstream's is. torch's own traverse (THPCppFunction_traverse: the
-// node's hook dicts, only while the face is the node's sole owner) runs
-// first; its type has no tp_clear. Both ask node_ptr.h's face_owns_node,
-// which is where this ownership is spelled: on shared_ptr headers (2.11,
-// 2.12, not built) the face is one owner among others, so it reports and
-// clears the node's objects only while it is the sole one.
-traverseproc torch_traverse = nullptr;
-
-int face_traverse(PyObject* self, visitproc visit, void* arg) {
-  if (torch_traverse != nullptr) {
-    int rc = torch_traverse(self, visit, arg);
-    if (rc != 0) {
-      return rc;
-    }
-  }
-  auto* face = reinterpret_cast<THPCppFunction*>(self);
-  if (!face_owns_node(face)) {
-    return 0;
-  }
-  auto* node = static_cast<CompiledFunctionNode*>(face->cdata.get());
-  Py_VISIT(node->forward_cls);
-  Py_VISIT(node->to_save);
-  Py_VISIT(node->non_differentiable);
-  Py_VISIT(node->tensors_no_vc_check);
-  Py_VISIT(node->symints);
-  Py_VISIT(node->opaque_objects);
-  Py_VISIT(node->external_objects);
-  return 0;
-}
-
-// THPFunction_clear + the __dict__ clear. forward_cls is kept (a class, as
-// the ctx keeps its type): the node's apply and the face's apply read it.
-int face_clear(PyObject* self) {
-  auto* face = reinterpret_cast<THPCppFunction*>(self);
-  if (!face_owns_node(face)) {
-    return 0;
-  }
-  auto* node = static_cast<CompiledFunctionNode*>(face->cdata.get());
-  Py_CLEAR(node->to_save);
-  Py_CLEAR(node->non_differentiable);
-  Py_CLEAR(node->tensors_no_vc_check);
-  Py_CLEAR(node->symints);
-  Py_CLEAR(node->opaque_objects);
-  Py_CLEAR(node->external_objects);
-  return 0;
-}
-
-}  // namespace
+}  // namespace rt_node
 
 int rt_node_check(PyObject* obj) noexcept {
   return Py_IS_TYPE(obj, &node_type) ? 1 : 0;
@@ -293,7 +195,7 @@ int rt_node_check(PyObject* obj) noexcept {
 
 namespace {
 
-// The getsets of node_properties by rt_ctx_field (torch_cpp_api.h's order),
+// The getsets of ctx_properties by rt_ctx_field (torch_cpp_api.h's order),
 // resolved by name at rt_node_type_init: the C core's attribute access
 // without the look-up, through the very getset setattr/getattr would find.
 constexpr const char* kCtxFieldNames[] = {
@@ -307,7 +209,7 @@ const PyGetSetDef* ctx_field_defs[RT_CTX_N_FIELDS];
 
 int resolve_ctx_fields() {
   for (int f = 0; f < RT_CTX_N_FIELDS; f++) {
-    for (const PyGetSetDef* d = node_properties; d->name != nullptr; d++) {
+    for (const PyGetSetDef* d = ctx_properties; d->name != nullptr; d++) {
       if (std::strcmp(d->name, kCtxFieldNames[f]) == 0) {
         ctx_field_defs[f] = d;
       }
@@ -358,6 +260,178 @@ int rt_node_maybe_clear_saved(PyObject* ctx) noexcept {
   return 0;
 }
 
+#if RT_NODE_INTRUSIVE
+// ---------------------------------------------------------------------------
+// The 2.13-on face: a THPCppFunction that owns the node.
+
+namespace {
+
+#if RT_HAS_INPUT_GRAD_BUFFERS
+// _FunctionBase._input_grad_buffers (FunctionCtx.input_grad_buffers returns
+// it): the engine's current gradient buffers of the forward's inputs, one
+// entry per forward argument, None for an argument that is not a tensor and
+// for an undefined buffer. As THPFunction's getter: refused with a post-hook
+// on the node; then torch's get_current_input_grad_buffers (with the GIL
+// released) raises for every state it does not serve (not in backward, not
+// this node's backward, create_graph, anomaly mode, post-processing, ...).
+PyObject* get_input_grad_buffers(PyObject* self, void* /*closure*/) {
+  HANDLE_TH_ERRORS
+  CompiledFunctionNode* node = node_of(self);
+  TORCH_CHECK(node->post_hooks().empty(),
+              "input_grad_buffers does not support post-hooks on the producing autograd "
+              "node because directly accumulated gradients are returned as None and cannot "
+              "be observed or replaced by those hooks");
+  variable_list buffers;
+  {
+    GilRelease no_gil;
+    buffers = torch::autograd::get_current_input_grad_buffers(node);
+  }
+  const size_t n = node->state().is_variable_input.size();
+  THPObjectPtr result(PyTuple_New(static_cast<Py_ssize_t>(n)));
+  if (!result) {
+    return nullptr;
+  }
+  size_t variable_idx = 0;
+  for (size_t i = 0; i < n; i++) {
+    PyObject* value = nullptr;
+    if (node->state().is_variable_input[i]) {
+      TORCH_INTERNAL_ASSERT(variable_idx < buffers.size());
+      const Variable& buffer = buffers[variable_idx++];
+      value = buffer.defined() ? THPVariable_Wrap(buffer) : Py_NewRef(Py_None);
+      if (value == nullptr) {
+        return nullptr;
+      }
+    } else {
+      value = Py_NewRef(Py_None);
+    }
+    PyTuple_SET_ITEM(result.get(), static_cast<Py_ssize_t>(i), value);
+  }
+  TORCH_INTERNAL_ASSERT(variable_idx == buffers.size());
+  return result.release();
+  END_HANDLE_TH_ERRORS
+}
+#endif
+
+}  // namespace
+
+// Its face is made on demand by functionToPyObject (registerCppFunction).
+NodePtr<CompiledFunctionNode> rt_node::new_compiled_node() {
+  return make_node<CompiledFunctionNode>();
+}
+
+namespace {
+
+// THPCppFunction_set_sequence_nr (not exported by torch)
+PyObject* set_sequence_nr(PyObject* self, PyObject* sequence_nr) {
+  HANDLE_TH_ERRORS
+  uint64_t nr = PyLong_AsUnsignedLongLong(sequence_nr);
+  if (nr == static_cast<uint64_t>(-1) && PyErr_Occurred()) {
+    return nullptr;
+  }
+  node_of(self)->set_sequence_nr(nr);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+PyGetSetDef node_properties[] = {
+    THP_FUNCTION_DEFAULT_PROPERTIES,
+#if RT_HAS_INPUT_GRAD_BUFFERS
+    {(char*)"_input_grad_buffers", get_input_grad_buffers, nullptr, nullptr, nullptr},
+    {(char*)"input_grad_buffers", get_input_grad_buffers, nullptr, nullptr, nullptr},
+#endif
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyMethodDef node_methods[] = {
+    {(char*)"_register_hook_dict", THPCppFunction_register_hook_dict, METH_O, nullptr},
+    {(char*)"register_hook", THPCppFunction_register_hook, METH_O, nullptr},
+    {(char*)"register_prehook", THPCppFunction_register_prehook, METH_O, nullptr},
+    {(char*)"name", THPCppFunction_name, METH_NOARGS, nullptr},
+    {(char*)"_sequence_nr", THPCppFunction_sequence_nr, METH_NOARGS, nullptr},
+    {(char*)"_set_sequence_nr", set_sequence_nr, METH_O, nullptr},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+// Garbage collection. Upstream's ctx (a BackwardCFunction, a THPFunction)
+// keeps what CompiledFunction.forward stores on it in its own fields and its
+// __dict__, and THPFunction_traverse / subtype_traverse visit them whatever
+// the node's other owners; its PyNode is reached from a tensor's traverse
+// (THPVariable_traverse visits grad_fn->pyobj() when the tensor is the
+// grad_fn's only owner besides that object). Here the same objects live in
+// the C++ node, whose Python face (this type) plays the ctx's part: torch
+// keeps the face alive as long as the node has other owners (the
+// kHasPyObject preservation of intrusive_ptr<Node>), and the face owns the
+// node. So the face reports the node's Python objects as its own, as the
+// ctx reports its __dict__, and clears them as subtype_clear clears that
+// dict: a cycle through an object saved for backward (an opaque object
+// that refers back to an output or to its grad_fn) is collected exactly
+// when upstream's is. torch's own traverse (THPCppFunction_traverse: the
+// node's hook dicts, only while the face is the node's sole owner) runs
+// first; its type has no tp_clear. Both ask node_ptr.h's face_owns_node,
+// which is where this ownership is spelled. (On shared_ptr headers, 2.11
+// and 2.12, the node owns its face instead: compiled_node_face_owned.cpp.)
+traverseproc torch_traverse = nullptr;
+
+int face_traverse(PyObject* self, visitproc visit, void* arg) {
+  if (torch_traverse != nullptr) {
+    int rc = torch_traverse(self, visit, arg);
+    if (rc != 0) {
+      return rc;
+    }
+  }
+  auto* face = reinterpret_cast<THPCppFunction*>(self);
+  if (!face_owns_node(face)) {
+    return 0;
+  }
+  const CompiledFunctionState& st = node_of(self)->state();
+  Py_VISIT(st.forward_cls);
+  Py_VISIT(st.to_save);
+  Py_VISIT(st.non_differentiable);
+  Py_VISIT(st.tensors_no_vc_check);
+  Py_VISIT(st.symints);
+  Py_VISIT(st.opaque_objects);
+  Py_VISIT(st.external_objects);
+  return 0;
+}
+
+// THPFunction_clear + the __dict__ clear. forward_cls is kept (a class, as
+// the ctx keeps its type): the node's apply and the face's apply read it.
+int face_clear(PyObject* self) {
+  auto* face = reinterpret_cast<THPCppFunction*>(self);
+  if (!face_owns_node(face)) {
+    return 0;
+  }
+  CompiledFunctionState& st = node_of(self)->state();
+  Py_CLEAR(st.to_save);
+  Py_CLEAR(st.non_differentiable);
+  Py_CLEAR(st.tensors_no_vc_check);
+  Py_CLEAR(st.symints);
+  Py_CLEAR(st.opaque_objects);
+  Py_CLEAR(st.external_objects);
+  return 0;
+}
+
+}  // namespace
+
+int rt_node::face_type_init() {
+  // the THPCppFunction's getsets and methods, then the ctx's
+  static std::vector<PyGetSetDef> properties = joined(node_properties, ctx_properties);
+  static std::vector<PyMethodDef> methods = joined(node_methods, ctx_methods);
+  torch::autograd::_initFunctionPyTypeObject(node_type, kNodeName, properties.data(),
+                                             methods.data());
+  // Our traverse around torch's, and a clear (see face_traverse). The type
+  // is static, ready and has no subtypes (not a base type): the GC reads
+  // these slots from it on every collection.
+  torch_traverse = node_type.tp_traverse;
+  node_type.tp_traverse = face_traverse;
+  node_type.tp_clear = face_clear;
+  PyType_Modified(&node_type);
+  torch::autograd::registerCppFunction(typeid(CompiledFunctionNode), &node_type);
+  return 0;
+}
+
+#endif  // RT_NODE_INTRUSIVE
+
 int rt_node_type_init(void) noexcept {
   HANDLE_TH_ERRORS
   // Once per process: torch keeps the type in its typeid map.
@@ -372,16 +446,9 @@ int rt_node_type_init(void) noexcept {
   if (resolve_ctx_fields() < 0) {
     return -1;
   }
-  torch::autograd::_initFunctionPyTypeObject(node_type, kNodeName, node_properties,
-                                             node_methods);
-  // Our traverse around torch's, and a clear (see face_traverse). The type
-  // is static, ready and has no subtypes (not a base type): the GC reads
-  // these slots from it on every collection.
-  torch_traverse = node_type.tp_traverse;
-  node_type.tp_traverse = face_traverse;
-  node_type.tp_clear = face_clear;
-  PyType_Modified(&node_type);
-  torch::autograd::registerCppFunction(typeid(CompiledFunctionNode), &node_type);
+  if (face_type_init() < 0) {
+    return -1;
+  }
   // torch.autograd.graph.Node's __subclasshook__ recognises C++ nodes by
   // their type being torch._C._functions.<name>.
   THPObjectPtr torch_c(PyImport_ImportModule("torch._C"));

@@ -69,10 +69,13 @@ struct GilRelease {
   ~GilRelease() { PyEval_RestoreThread(state); }
 };
 
-struct CompiledFunctionNode final : Node {
-  // What THPFunction keeps for PyNode (python_function.h), minus what
-  // CompiledFunction never uses (dirty tensors, setup_context, jvp,
-  // materialize_grads=False, saved_for_forward).
+// What THPFunction keeps for PyNode (python_function.h), minus what
+// CompiledFunction never uses (dirty tensors, setup_context, jvp,
+// materialize_grads=False, saved_for_forward). Where it lives is the
+// node's ownership (node_ptr.h): in the node from 2.13 on (its face is a
+// THPCppFunction the node keeps alive), in the face on 2.11/2.12 (as
+// upstream's ctx, it outlives the node while referenced).
+struct CompiledFunctionState {
   // inline for up to 8 forward arguments: no allocation per call
   c10::SmallVector<bool, 8> is_variable_input;
   std::vector<VariableInfo> output_info;
@@ -93,6 +96,33 @@ struct CompiledFunctionNode final : Node {
   PyObject* opaque_objects = nullptr;
   PyObject* external_objects = nullptr;
 
+  // The GIL is held. Saved-tensor hooks hold Python objects.
+  void clear() {
+    saved_variables.clear();
+    Py_CLEAR(forward_cls);
+    Py_CLEAR(to_save);
+    Py_CLEAR(non_differentiable);
+    Py_CLEAR(tensors_no_vc_check);
+    Py_CLEAR(symints);
+    Py_CLEAR(opaque_objects);
+    Py_CLEAR(external_objects);
+  }
+};
+
+struct CompiledFunctionNode final : Node {
+#if RT_NODE_INTRUSIVE
+  CompiledFunctionState state_;
+  CompiledFunctionState& state() { return state_; }
+  const CompiledFunctionState& state() const { return state_; }
+#else
+  // The face (compiled_node_face_owned.cpp), owned: PyNode's obj. Also the
+  // node's pyobj(), through which torch finds it (functionToPyObject) and
+  // reports it to the GC (a tensor's traverse).
+  PyObject* face = nullptr;
+  CompiledFunctionState& state();
+  const CompiledFunctionState& state() const;
+#endif
+
   CompiledFunctionNode() = default;
   CompiledFunctionNode(const CompiledFunctionNode&) = delete;
   CompiledFunctionNode& operator=(const CompiledFunctionNode&) = delete;
@@ -104,14 +134,11 @@ struct CompiledFunctionNode final : Node {
       return;
     }
     GilAcquire gil;
-    saved_variables.clear();  // saved-tensor hooks hold Python objects
-    Py_CLEAR(forward_cls);
-    Py_CLEAR(to_save);
-    Py_CLEAR(non_differentiable);
-    Py_CLEAR(tensors_no_vc_check);
-    Py_CLEAR(symints);
-    Py_CLEAR(opaque_objects);
-    Py_CLEAR(external_objects);
+#if RT_NODE_INTRUSIVE
+    state_.clear();
+#else
+    Py_CLEAR(face);  // ~PyNode: Py_DECREF(obj)
+#endif
   }
 
   std::string name() const override { return kNodeName; }
@@ -119,11 +146,16 @@ struct CompiledFunctionNode final : Node {
   // PyNode::is_aot_backward: the CompiledFunction has an _aot_id.
   bool is_aot_backward() const override { return true; }
 
-  // PyNode::release_variables
+  // PyNode::release_variables (deleteNode calls it before the destructor)
   void release_variables() override {
     if (!Py_IsInitialized()) {
       return;
     }
+#if !RT_NODE_INTRUSIVE
+    if (face == nullptr) {  // its face could not be made (rt_node_apply)
+      return;
+    }
+#endif
     GilAcquire gil;
     release_saved();
   }
@@ -131,8 +163,8 @@ struct CompiledFunctionNode final : Node {
   // The same, for a caller that holds the GIL (maybe_clear_saved_tensors):
   // PyGILState_Ensure/Release cost more than the rest of the call.
   void release_saved() {
-    saved_variables.clear();
-    has_freed_buffers = true;
+    state().saved_variables.clear();
+    state().has_freed_buffers = true;
   }
 
   // Compiled autograd asks every node for its state; this node keeps it in
@@ -155,11 +187,101 @@ struct CompiledFunctionNode final : Node {
   variable_list to_variable_list(PyObject* grads) const;
 };
 
-// the node behind a grad_fn of node_type
+// the grad_fn type (one per process; its layout is the face's, below)
 extern PyTypeObject node_type;
+
+#if RT_NODE_INTRUSIVE
+// the node behind a grad_fn of node_type: the face owns it
 inline CompiledFunctionNode* node_of(PyObject* self) {
   return static_cast<CompiledFunctionNode*>(
       reinterpret_cast<torch::autograd::THPCppFunction*>(self)->cdata.get());
+}
+inline CompiledFunctionState& state_of_face(PyObject* self) {
+  return node_of(self)->state();
+}
+// the node for saved_tensors' unpack (never null: the face owns it)
+inline NodePtr<Node> node_ref_of_face(PyObject* self) {
+  return node_of(self)->getptr();
+}
+#else
+// THPFunction's shape: the state, and a weak pointer to the node, which
+// owns this object (python_function.h: cdata, "guaranteed that
+// cdata.lock()->obj == this" while the node lives).
+struct OwnedFaceHead {  // plain C first: tp_weaklistoffset is offsetof here
+  PyObject_HEAD
+  PyObject* weakreflist;
+};
+struct OwnedFace : OwnedFaceHead {
+  CompiledFunctionState state;
+  WeakNodePtr<CompiledFunctionNode> cdata;
+};
+inline CompiledFunctionState& state_of_face(PyObject* self) {
+  return reinterpret_cast<OwnedFace*>(self)->state;
+}
+// null once the node is gone
+inline NodePtr<Node> node_ref_of_face(PyObject* self) {
+  return reinterpret_cast<OwnedFace*>(self)->cdata.lock();
+}
+inline CompiledFunctionState& CompiledFunctionNode::state() {
+  return state_of_face(face);
+}
+inline const CompiledFunctionState& CompiledFunctionNode::state() const {
+  return state_of_face(face);
+}
+#endif
+
+// A node with its face where the face holds the state (2.11/2.12), as
+// THPFunction_apply makes its ctx and PyNode together; null with a Python
+// error when the face cannot be made.
+NodePtr<CompiledFunctionNode> new_compiled_node();
+// Readies node_type (once; the face's file): 0, or -1 with a Python error.
+int face_type_init();
+
+// The ctx attributes and methods both faces have (compiled_node_face.cpp),
+// each table ended by a null entry.
+extern PyGetSetDef ctx_properties[];
+extern PyMethodDef ctx_methods[];
+
+// Two null-terminated tables as one (a type's getsets or methods, made once).
+inline const char* def_name(const PyGetSetDef& d) { return d.name; }
+inline const char* def_name(const PyMethodDef& d) { return d.ml_name; }
+template <class Def>
+std::vector<Def> joined(const Def* first, const Def* second) {
+  std::vector<Def> all;
+  for (const Def* d = first; def_name(*d) != nullptr; d++) {
+    all.push_back(*d);
+  }
+  for (const Def* d = second; def_name(*d) != nullptr; d++) {
+    all.push_back(*d);
+  }
+  all.push_back(Def{});
+  return all;
+}
+
+// How the node calls CompiledFunction.backward (node_ptr.h)
+#if RT_NODE_BOXED_BACKWARD
+inline constexpr bool kBackwardBoxed = true;
+#else
+inline constexpr bool kBackwardBoxed = false;
+#endif
+
+// BackwardCFunction.apply(self, *args) on 2.11/2.12, given its args tuple:
+// `user_fn(self, *args)` (CompiledFunction's backward: no vjp), a call
+// through the new tuple (self, *args), as CALL_FUNCTION_EX makes it. Each
+// grad stays referenced by both tuples until the backward returns (the
+// compiled backward can see how many references its args have). A new
+// reference, or null with a Python error.
+inline PyObject* call_unboxed(PyObject* backward, PyObject* ctx, PyObject* args) {
+  const Py_ssize_t n = PyTuple_GET_SIZE(args);
+  THPObjectPtr call(PyTuple_New(n + 1));
+  if (!call) {
+    return nullptr;
+  }
+  PyTuple_SET_ITEM(call.get(), 0, Py_NewRef(ctx));
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyTuple_SET_ITEM(call.get(), i + 1, Py_NewRef(PyTuple_GET_ITEM(args, i)));
+  }
+  return PyObject_Call(backward, call.get(), nullptr);
 }
 
 }  // namespace rt_node

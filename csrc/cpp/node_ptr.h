@@ -6,7 +6,11 @@
 // c10::intrusive_ptr; every API the C++ part calls with a node follows
 // (_wrap_outputs, functionToPyObject, THPCppFunction::cdata,
 // SavedVariable::unpack, Node::getptr). The rest of csrc/cpp/ is written
-// against NodePtr / make_node / face_owns_node and never tests a version.
+// against NodePtr / WeakNodePtr / make_node / face_owns_node and never tests
+// a version: where the ownership makes it a different program (who owns the
+// grad_fn, where the ctx state lives, how the backward is called), it
+// branches on the two facts defined here, RT_NODE_INTRUSIVE and
+// RT_NODE_BOXED_BACKWARD.
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
@@ -21,11 +25,21 @@
 #define RT_NODE_INTRUSIVE 0  // torch 2.11, 2.12: std::shared_ptr<Node>
 #endif
 
+// How PyNode calls the backward, which changed with the same release:
+// 2.13 on, ctx.apply_boxed(grads) for a Function with boxed_grads_call
+// (CompiledFunction has it): backward(ctx, grads_list); 2.11/2.12 have
+// neither, PyNode calls ctx.apply(*grads): backward(ctx, *grads). The
+// module says which (node_backward_boxed) and _autograd_plan._node_allowed
+// gives the node only a CompiledFunction whose release calls it so.
+#define RT_NODE_BOXED_BACKWARD RT_NODE_INTRUSIVE
+
 namespace rt_node {
 
 #if RT_NODE_INTRUSIVE
 template <class T>
 using NodePtr = c10::intrusive_ptr<T>;
+template <class T>
+using WeakNodePtr = c10::weak_intrusive_ptr<T>;
 
 // As THPFunction_apply makes its PyNode (c10::make_intrusive).
 template <class T>
@@ -35,6 +49,9 @@ NodePtr<T> make_node() {
 #else
 template <class T>
 using NodePtr = std::shared_ptr<T>;
+// what THPFunction::cdata is (python_function.h: std::weak_ptr<PyNode>)
+template <class T>
+using WeakNodePtr = std::weak_ptr<T>;
 
 // As THPFunction_apply makes its PyNode in 2.11/2.12: deleteNode as the
 // deleter, which frees a long chain of nodes without deep recursion.
@@ -44,19 +61,24 @@ NodePtr<T> make_node() {
 }
 #endif
 
-// Whether a grad_fn face may report the Python objects its node holds to
-// the GC as its own (NOTE [ PyObject Traversal ]: only what it owns alone).
-// With intrusive_ptr, torch keeps the face alive as long as the node has
-// other owners (kHasPyObject), so the face is the node's Python half: always.
-// With shared_ptr, the face is one owner among others and dies whenever its
-// last Python reference does (node->pyobj() is a non-owning back pointer):
-// only while it is the node's sole owner, as THPCppFunction_traverse decides.
+// Who owns whom between the node and its Python face (grad_fn), and where
+// the ctx state lives (compiled_node_impl.h), follow the same headers:
+//
+// - intrusive_ptr (2.13 on): the face is a THPCppFunction that owns the
+//   node; torch keeps it alive as long as the node has other owners
+//   (kHasPyObject), so it is the node's Python half for the node's whole
+//   life, as upstream's ctx is for its PyNode (compiled_node_face.cpp).
+// - shared_ptr (2.11, 2.12): a THPCppFunction lives only while referenced
+//   (node->pyobj() is a non-owning back pointer), so the face is a type of
+//   our own with THPFunction's shape: the node owns it (PyNode::obj), it
+//   points back weakly, keeps the ctx state, and outlives the node while
+//   referenced (compiled_node_face_owned.cpp).
+//
+// Whether the 2.13-on face may report the Python objects its node holds to
+// the GC as its own (NOTE [ PyObject Traversal ]): with intrusive_ptr it is
+// the node's Python half: always.
 inline bool face_owns_node(const torch::autograd::THPCppFunction* face) {
-#if RT_NODE_INTRUSIVE
   return static_cast<bool>(face->cdata);
-#else
-  return face->cdata.use_count() == 1;
-#endif
 }
 
 }  // namespace rt_node

@@ -23,6 +23,7 @@
 
 #include "../torch_cpp_api.h"
 #include "compiled_node.h"
+#include "node_ptr.h"
 #include "epilogue_ops.h"
 #include "tensor_kinds.h"
 
@@ -157,6 +158,16 @@ int module_exec(PyObject* module) {
   int rc = PyModule_AddObjectRef(module, "api", capsule);
   Py_DECREF(capsule);
   if (rc < 0) {
+    return -1;
+  }
+  // how its node calls CompiledFunction.backward (node_ptr.h), which
+  // _autograd_plan._node_allowed matches against the release
+  if (PyModule_AddIntConstant(module, "node_backward_boxed", RT_NODE_BOXED_BACKWARD) < 0) {
+    return -1;
+  }
+  // whose grad_fn has THPFunction's ownership (node_ptr.h: the node owns
+  // it) rather than THPCppFunction's (it owns the node)
+  if (PyModule_AddIntConstant(module, "node_owns_face", !RT_NODE_INTRUSIVE) < 0) {
     return -1;
   }
   return PyModule_AddStringConstant(module, "built_torch_version", RT_BUILT_TORCH_VERSION);
