@@ -44,7 +44,7 @@ CANARY_RELEASES=(2.10.0 2.11.0)
 # CPP_SERIES); on the other verified releases it is not built, and the suite's two
 # configurations would be the same run: it runs once there.
 # shellcheck disable=SC2034  # read by the scripts that source this file
-CPP_RELEASES=(2.13.0 2.14.1 2.15.0)
+CPP_RELEASES=(2.13.0 2.14.1 2.15.0 2.12.1)
 
 _log() { printf '[setup] %s\n' "$*" >&2; }
 
