@@ -94,6 +94,9 @@ typedef struct {
      * (2.11/2.12: set in __init__ and again in __enter__, restored unconditionally
      * in __exit__) instead of the generated read/set-if-off/restore-if-changed */
     bool view_replay_forced;
+    /* with view_replay_forced: the context's __enter__ sets the mode again
+     * (2.12); 2.11's __enter__ does nothing (only __init__ sets it) */
+    bool view_replay_set_on_enter;
     /* call_func_at_runtime_with_args's `isinstance(args, list)` check before the
      * compiled function is called (2.11/2.12's reference invoker) */
     bool args_list_check;

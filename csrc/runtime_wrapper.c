@@ -184,11 +184,13 @@ call_with_grad(RuntimeWrapper *self, PyObject *args_, PyObject **range)
     return out;
 }
 
-/* 2.11/2.12's _RuntimeCompiledFnInvoker.run, trace_joint=True, from the
- * detached list on: `with (torch.autograd._force_original_view_tracking(True),
- * torch.enable_grad()):`. The context's __init__ reads the mode and sets it,
- * __enter__ sets it again, __exit__ puts the read mode back whatever the mode
- * is then (each a call a TorchFunctionMode sees). Steals args_. */
+/* 2.11/2.12's _RuntimeCompiledFnInvoker.run (2.11: inline in runtime_wrapper),
+ * trace_joint=True, from the detached list on: `with
+ * (torch.autograd._force_original_view_tracking(True), torch.enable_grad()):`.
+ * The context's __init__ reads the mode and sets it, __enter__ sets it again
+ * (2.12; 2.11's __enter__ is `pass`), __exit__ puts the read mode back
+ * whatever the mode is then (each a call a TorchFunctionMode sees). Steals
+ * args_. */
 static PyObject *
 call_training_forced(RuntimeWrapper *self, PyObject *args_, PyObject **range)
 {
@@ -197,7 +199,8 @@ call_training_forced(RuntimeWrapper *self, PyObject *args_, PyObject **range)
     int prev_view_replay = rt_view_replay_enabled(st);
     if (prev_view_replay < 0 ||
         rt_set_view_replay_enabled(st, 1) < 0 ||   /* __init__ */
-        rt_set_view_replay_enabled(st, 1) < 0) {   /* __enter__: no __exit__ if it fails */
+        (self->plan.view_replay_set_on_enter &&
+         rt_set_view_replay_enabled(st, 1) < 0)) { /* __enter__: no __exit__ if it fails */
         Py_DECREF(args_);
         return NULL;
     }
