@@ -1153,7 +1153,8 @@ def test_backward_called_wrongly(call):
 def test_contextvars_in_compiled_backward():
     """The compiled backward runs in a copy of the caller's contextvars
     context (``torch._C._get_obj_in_tls('context').run``): it sees the
-    caller's values, and what it sets does not leak out."""
+    caller's values, and what it sets does not leak out. 2.11's backward
+    has no such hook: it runs in the caller's context, and what it sets stays."""
     import contextvars
 
     var = contextvars.ContextVar("torch_aot_rt_test_var", default="unset")
@@ -1182,7 +1183,8 @@ def test_contextvars_in_compiled_backward():
         finally:
             var.reset(token)
         results[use_c] = (list(seen), after)
-    assert results[False] == results[True] == (["caller"], "caller"), results
+    after = "caller" if T.TLS_CONTEXT else "set inside the backward"
+    assert results[False] == results[True] == (["caller"], after), results
 
 
 def test_class_freed_after_use():
@@ -1880,10 +1882,12 @@ def test_autograd_cache_hit_builds_c_class():
         got = {k: v for k, v in counters["aot_autograd"].items() if "autograd_cache" in k}
         assert got.get(expect) == 1, got
         # a cache hit wraps the result in a SerializableCompiledFunction: with
-        # the C path on, ours (the C __call__)
+        # the C path on, ours (the C __call__; upstream's where the other
+        # layers are not mirrored)
         grew = torch_aot_rt.stats()["serializable_functions"] - before
         if D.C_ENABLED:
-            assert grew == (1 if use_c and expect == "autograd_cache_hit" else 0), grew
+            ours = use_c and expect == "autograd_cache_hit" and T.LAYERS_MIRRORED
+            assert grew == (1 if ours else 0), grew
         return out.detach(), w.grad
 
     with torch._functorch.config.patch(enable_autograd_cache=True), \
