@@ -350,8 +350,8 @@ VERIFIED: tuple[Release, ...] = (
     ),
 )
 
-# Releases read and partly mirrored, not verified: the gate stays closed on
-# them. The TORCH_AOT_RT_UNVERIFIED=1 opt-in uses the entry of the running
+# Releases read and mirrored, not verified: the gate stays closed on them
+# (tests/test_release_211.py). The TORCH_AOT_RT_UNVERIFIED=1 opt-in uses the entry of the running
 # series. 2.11: 2.12's runtime semantics but where its source differs (the
 # 2.11 fields above), its runtime wrapper and CompiledFunction in C, its other
 # per-call layers upstream's (issue 19).
