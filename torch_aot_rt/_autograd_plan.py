@@ -336,10 +336,11 @@ def install_c_function(cls, spec, release):
     # vjp is not overridden, that is our backward, called from C.
     backward_cls = cls._backward_cls
     apply_boxed = None
-    if release.boxed_backward and (
-        getattr(backward_cls, "apply_boxed", None) is BackwardCFunction.apply_boxed
+    upstream_apply_boxed = getattr(BackwardCFunction, "apply_boxed", None)  # 2.13 on
+    if release.boxed_backward and upstream_apply_boxed is not None and (
+        getattr(backward_cls, "apply_boxed", None) is upstream_apply_boxed
     ):
-        apply_boxed = _C.ApplyBoxed(backward, cls, Function.vjp, BackwardCFunction.apply_boxed)
+        apply_boxed = _C.ApplyBoxed(backward, cls, Function.vjp, upstream_apply_boxed)
     # Only now, with everything built, is the class touched: a failure above
     # leaves it upstream's.
     cls.forward = staticmethod(forward)
