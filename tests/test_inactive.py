@@ -272,8 +272,7 @@ def test_changed_mirrored_code_closes_the_gate():
 def test_active_import_replaces_exactly_ours():
     """Where the gate is open, the import replaces what the installer lists
     (the control for the snapshot above: it does see replacements). What it
-    lists follows the release: 2.11's post_compile (inline class) and other
-    layers stay upstream's."""
+    lists follows the release: 2.11's other layers stay upstream's."""
     from torch_aot_rt import _versions
 
     result = run(**({"TORCH_AOT_RT_UNVERIFIED": "1"} if _candidate() else {}))
@@ -282,9 +281,7 @@ def test_active_import_replaces_exactly_ours():
     assert result["with_import"] == result["baseline"]
     replaced = set(result["replaced"])
     rw = "torch._functorch._aot_autograd.runtime_wrappers"
-    expected = {f"{rw}._create_runtime_wrapper"}
-    if release.compiled_function_factory:
-        expected.add(f"{rw}.AOTDispatchAutograd.post_compile")
+    expected = {f"{rw}._create_runtime_wrapper", f"{rw}.AOTDispatchAutograd.post_compile"}
     layers = {
         "torch._dynamo.guards.GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS",
         f"{rw}.SerializableCompiledFunction.__init__",
@@ -295,6 +292,4 @@ def test_active_import_replaces_exactly_ours():
     else:
         assert not layers & replaced, sorted(replaced)
     assert expected <= replaced, sorted(replaced)
-    if not release.compiled_function_factory:
-        assert f"{rw}.AOTDispatchAutograd.post_compile" not in replaced
     assert result["stats"]["runtime_wrappers"] > 0

@@ -326,3 +326,21 @@ def test_211_graphsafe_rng_states_keep_upstreams_class():
     finally:
         meta.num_graphsafe_rng_states = 0
     assert "forward" in cls.__dict__ and type(cls.__dict__["forward"].__func__).__name__ == "function"
+
+
+def test_only_the_class_post_compile_builds_is_adopted():
+    """A CompiledFunction.apply handed to the runtime-wrapper builder outside
+    the post_compile that built its class (here one built with the C path
+    off) keeps upstream's class: the C runtime wrapper calls its apply."""
+    a = torch.randn(3, requires_grad=True)
+    compiled_fn, kwargs = D.capture_wrapper_kwargs(f_double, [a])
+    if RELEASE.compiled_function_factory:  # the factory's class: the C apply is passed
+        assert type(compiled_fn).__name__ != "function"
+        return
+    cls = _autograd_plan._inline_class(compiled_fn)
+    assert cls is not None
+    up, ours = D.build_pair(compiled_fn, kwargs)
+    assert type(cls.__dict__["forward"].__func__).__name__ == "function"  # upstream's
+    (out_up,), (out_ours,) = up([a]), ours([a])
+    assert torch.equal(out_up, out_ours)
+    assert type(out_ours.grad_fn).__name__ == "CompiledFunctionBackward"

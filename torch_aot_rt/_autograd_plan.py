@@ -17,6 +17,7 @@ What the C path does not cover keeps upstream's class as built, counted in
 from __future__ import annotations
 
 import functools
+import threading
 
 from . import _state
 from ._plan import Unsupported, check_available
@@ -432,13 +433,32 @@ def _inline_spec(cls):
     )
 
 
+# the fw_metadata of each 2.11 post_compile running in this thread, innermost last
+_building = threading.local()
+
+
+def build_inline_post_compile(upstream_post_compile, args, kwargs):
+    """Our 2.11 ``AOTDispatchAutograd.post_compile``: upstream's, which builds
+    CompiledFunction and hands its apply to RuntimeWrapper.post_compile (our
+    _create_runtime_wrapper, adopt_inline_class). Only the class built by this
+    very call is adopted: one built with the C path off, or captured and
+    handed to the runtime-wrapper builder again, stays upstream's."""
+    metas = _building.__dict__.setdefault("metas", [])
+    metas.append(kwargs.get("fw_metadata"))
+    try:
+        return upstream_post_compile(*args, **kwargs)
+    finally:
+        metas.pop()
+
+
 def adopt_inline_class(compiled_fn):
     """2.11: the runtime wrapper's compiled_fn is `CompiledFunction.apply` of
-    a class post_compile has just built; give that class the C forward and
+    the class post_compile has just built; give that class the C forward and
     backward and return the C apply (or compiled_fn, counted, where the C
     path does not cover it). Anything else is returned as it is."""
     cls = _inline_class(compiled_fn)
-    if cls is None:
+    metas = getattr(_building, "metas", None)
+    if cls is None or not metas or cls.__dict__.get("metadata") is not metas[-1]:
         return compiled_fn
     try:
         check_available()

@@ -296,7 +296,7 @@ def _replace_runtime(rw) -> list:
 
     upstream = rw._create_runtime_wrapper
     # 2.11: post_compile builds CompiledFunction inline and hands its apply to
-    # the runtime wrapper, where the class is adopted; post_compile stays.
+    # the runtime wrapper, where the class is adopted.
     inline = not _state.release().compiled_function_factory
 
     @functools.wraps(upstream)
@@ -309,17 +309,22 @@ def _replace_runtime(rw) -> list:
 
     _state.installed["upstream"] = upstream
     replaced = [_state.replace(rw, "_create_runtime_wrapper", _create_runtime_wrapper)]
-    if inline:
-        return replaced
-
     autograd = rw.AOTDispatchAutograd
     upstream_post_compile = autograd.post_compile
 
-    @functools.wraps(upstream_post_compile)
-    def post_compile(spec):
-        if not _state.is_enabled():
-            return upstream_post_compile(spec)
-        return _autograd_plan.build_autograd_post_compile(upstream_post_compile, spec)
+    if inline:
+        # upstream's, marking the class it builds as the one to adopt
+        @functools.wraps(upstream_post_compile)
+        def post_compile(*args, **kwargs):
+            if not _state.is_enabled():
+                return upstream_post_compile(*args, **kwargs)
+            return _autograd_plan.build_inline_post_compile(upstream_post_compile, args, kwargs)
+    else:
+        @functools.wraps(upstream_post_compile)
+        def post_compile(spec):
+            if not _state.is_enabled():
+                return upstream_post_compile(spec)
+            return _autograd_plan.build_autograd_post_compile(upstream_post_compile, spec)
 
     _state.installed["upstream_post_compile"] = upstream_post_compile
     return replaced + [_state.replace(autograd, "post_compile", staticmethod(post_compile))]
