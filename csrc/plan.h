@@ -108,6 +108,10 @@ typedef struct {
      * compiled function (2.12 on: try/finally); else the entered range is
      * dropped without __exit__, as 2.11's frame drops it */
     bool prologue_range_exited_on_error;
+    /* the version bump reads args lazily, bumping each tensor as it is read,
+     * and a failed read comes out of _increment_version as SystemError from
+     * it (2.11/2.12's increment_version(generator)) */
+    bool bump_from_generator;
 } rt_plan;
 
 /* Fills *plan from the keyword arguments of RuntimeWrapper(...).

@@ -95,10 +95,40 @@ arg_at(PyObject *args, Py_ssize_t i)
     return item;
 }
 
+/* 2.11/2.12's increment_version((args[i] for i in ...)): the C++ binding
+ * iterates the generator, bumping each tensor as it comes, so a read that
+ * raises leaves the earlier ones bumped. The binding then returns None with
+ * that exception set: CPython's generic call path turns it into SystemError
+ * ("... returned a result with an exception set"), a specialised call site
+ * (once torch's increment_version is warm) lets the exception itself
+ * surface a few instructions later. We raise the exception itself, the
+ * steady state (docs/compatibility.md). */
+static int
+bump_versions_lazily(rt_state *st, const rt_plan *p, PyObject *args)
+{
+    for (Py_ssize_t k = 0; k < p->n_bump; k++) {
+        PyObject *t = arg_at(args, p->bump[k]);
+        if (t == NULL) {
+            return -1;
+        }
+        PyObject *one = PyTuple_Pack(1, t);
+        Py_DECREF(t);
+        if (one == NULL || rt_increment_version(st, one) < 0) {
+            Py_XDECREF(one);
+            return -1;
+        }
+        Py_DECREF(one);
+    }
+    return 0;
+}
+
 /* _codegen_increment_mutation_versions: increment_version((args[i], ...)) */
 static int
 bump_versions(rt_state *st, const rt_plan *p, PyObject *args)
 {
+    if (p->bump_from_generator) {
+        return bump_versions_lazily(st, p, args);
+    }
     PyObject *tensors = PyTuple_New(p->n_bump);
     if (tensors == NULL) {
         return -1;

@@ -115,6 +115,12 @@ def test_call_forms(device, program, form):
     meta = D.meta_summary(kwargs)
     if program == "inference_version_bump":
         assert meta["bump"] == [0], meta
+        # 2.11/2.12 bump through a generator; torch's binding returns with the
+        # read's exception set, which CPython reports as SystemError until the
+        # call site in torch.autograd.graph.increment_version is specialised
+        # (then the exception itself): compare in that steady state
+        for _ in range(200):
+            torch.autograd.graph.increment_version(())
     if program == "training_detach":
         assert meta["detach"] == [1], meta
     up, ours = D.build_pair(compiled_fn, kwargs)

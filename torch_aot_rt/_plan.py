@@ -213,6 +213,7 @@ def make_plan(compiled_fn, *, runtime_metadata, indices_of_inps_to_detach,
             args_list_check=release.invoker_checks_args_list,
             updated_alias_inline_check=release.updated_alias_inline_check,
             prologue_range_exited_on_error=release.prologue_range_exited_on_error,
+            bump_from_generator=release.bump_from_generator,
         )
     except AttributeError as e:
         # An internal renamed or missing on this torch version.

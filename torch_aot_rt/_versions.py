@@ -160,6 +160,14 @@ class Release:
     # so an error before it drops the entered range without __exit__
     # -> plan bit prologue_range_exited_on_error.
     prologue_range_exited_on_error: bool = True
+    # keep_input_mutations' version bump: 2.11/2.12 call
+    # increment_version((args[i] for i in ...)), whose C++ binding bumps each
+    # tensor as the generator yields it: an args read that raises leaves the
+    # earlier ones bumped (the error itself is SystemError or the read's
+    # exception, depending on CPython's specialisation of the call site; we
+    # raise the latter). 2.13's generated call reads them into a tuple first
+    # -> plan bit bump_from_generator.
+    bump_from_generator: bool = False
     # CompiledFunction.backward takes the grads boxed (boxed_grads_call,
     # BackwardCFunction.apply_boxed, backward(ctx, grads_list): 2.13 on);
     # 2.11/2.12's reference CompiledFunction takes them unboxed
@@ -287,6 +295,7 @@ VERIFIED: tuple[Release, ...] = (
         ),
         subclass_wrapper_mirrored=False,
         prologue_range_exited_on_error=True,
+        bump_from_generator=True,
     ),
     Release(
         series=(2, 13),
@@ -351,8 +360,8 @@ VERIFIED: tuple[Release, ...] = (
 )
 
 # Releases read and mirrored, not verified: the gate stays closed on them
-# (tests/test_release_211.py). The TORCH_AOT_RT_UNVERIFIED=1 opt-in uses the entry of the running
-# series. 2.11: 2.12's runtime semantics but where its source differs (the
+# (tests/test_release_211.py). The TORCH_AOT_RT_UNVERIFIED=1 opt-in uses the
+# entry of the running series. 2.11: 2.12's runtime semantics but where its source differs (the
 # 2.11 fields above), its runtime wrapper and CompiledFunction in C, its other
 # per-call layers upstream's (issue 19).
 CANDIDATES: tuple[Release, ...] = (
