@@ -57,9 +57,9 @@ typedef struct {
     PyObject *rng_add;         /* rng_state.add_backward_args, or NULL */
     PyObject *compile_id;
     PyObject *compiled_bw;     /* NULL until the first backward compiles it */
-    /* with lazy_backward_impl: the cls.compiled_bw compiled_bw was made from
-     * (borrowed for the identity test only: compiled_bw holds it or its
-     * DisabledCall, which holds it) */
+    /* the compiled backward compiled_bw was made from, what cls.compiled_bw
+     * holds (borrowed, for identity tests and to put it back: compiled_bw
+     * holds it or its DisabledCall, which holds it) */
     PyObject *compiled_bw_seen;
     bool compiled_bw_boxed;
     bool disable_amp;
@@ -868,6 +868,21 @@ backward_call(CompiledBackward *self, PyObject *ctx, PyObject *all_args)
             return NULL;
         }
         if (set_compiled_bw(self, compiled) < 0) {
+            return NULL;
+        }
+    }
+    else if (self->lazy_backward_impl == NULL) {
+        /* `CompiledFunction.compiled_bw = compiled_bw` after every
+         * get_or_compile (2.12 on): put it back where something replaced it
+         * (setting the same object again is not observable) */
+        PyObject *current = PyObject_GetAttr(self->cls, st->str_compiled_bw);
+        if (current == NULL) {
+            return NULL;
+        }
+        int same = current == self->compiled_bw_seen;
+        Py_DECREF(current);
+        if (!same &&
+            PyObject_SetAttr(self->cls, st->str_compiled_bw, self->compiled_bw_seen) < 0) {
             return NULL;
         }
     }
