@@ -10,7 +10,9 @@ What we put in place of upstream's, each where all its callers find it:
   ``torch.compile``, ``aot_function``/``aot_module`` and AOTAutogradCache hits
   all go through, inference and training) -> ``_plan.build_runtime_wrapper``;
 - ``AOTDispatchAutograd.post_compile`` (builds CompiledFunction) ->
-  ``_autograd_plan.build_autograd_post_compile``;
+  ``_autograd_plan.build_autograd_post_compile`` (2.11, whose post_compile
+  builds the class inline: ``build_inline_post_compile``, upstream's with its
+  metadata noted, the class adopted in ``_create_runtime_wrapper``);
 - Dynamo's ``GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS`` (``_guards``),
   ``SerializableCompiledFunction.__init__`` (``_serializable``),
   ``aot_autograd.simple_wraps`` (``_prepend``) and the ``post_compile`` of
