@@ -9,7 +9,6 @@ semantics the C path does not mirror, and on a release whose entry is wrong.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import contextvars
 import weakref
 
@@ -971,7 +970,7 @@ def test_212_dynamic_dims_go_on_the_attribute_its_dynamo_reads():
         (REL_213, "_dynamo_propagated_dynamic_indices", "_dynamo_weak_dynamic_indices"),
         (RELEASE, RELEASE.dynamic_dims_attr,
          {"_dynamo_weak_dynamic_indices", "_dynamo_propagated_dynamic_indices"}
-         .difference({REL_213.dynamic_dims_attr}).pop()),
+         .difference({RELEASE.dynamic_dims_attr}).pop()),
     ):
         w, plan = _wrapper(f_identity_dyn, [x], release, dynamic_dims=((0, {0}),))
         assert plan["dynamic_dims_attr"] == attr
