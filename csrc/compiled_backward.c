@@ -48,11 +48,19 @@ typedef struct {
     PyObject *upstream;        /* upstream's backward: calls we don't take */
     PyObject *cls;             /* CompiledFunction */
     PyObject *double_backward; /* CompiledFunction._double_backward */
-    PyObject *backward_compiler; /* upstream's _AutogradBackwardCompiler */
+    PyObject *backward_compiler; /* upstream's _AutogradBackwardCompiler, or None (2.11) */
+    /* 2.11: CompiledFunction._backward_impl, which compiles the backward
+     * lazily itself; run for a call that finds cls.compiled_bw None. NULL
+     * where backward_compiler compiles it (2.12 on). */
+    PyObject *lazy_backward_impl;
     PyObject *fw_metadata;
     PyObject *rng_add;         /* rng_state.add_backward_args, or NULL */
     PyObject *compile_id;
     PyObject *compiled_bw;     /* NULL until the first backward compiles it */
+    /* the compiled backward compiled_bw was made from, what cls.compiled_bw
+     * holds (borrowed, for identity tests and to put it back: compiled_bw
+     * holds it or its DisabledCall, which holds it) */
+    PyObject *compiled_bw_seen;
     bool compiled_bw_boxed;
     bool disable_amp;
     bool has_backward_state;
@@ -63,6 +71,11 @@ typedef struct {
     bool restore_external_objects; /* 2.14: ctx._external_objects -> registry */
     bool restore_by_setter;        /* 2.15: through set_external_object_by_index */
     bool copy_context;             /* 2.14: impl_fn runs in context.copy() */
+    /* impl_fn runs in the engine's TLS `context` (2.12 on; 2.11 has no hook) */
+    bool tls_context;
+    /* process_runtime_tangent(x, meta, idx, desc, compile_id_str, stack_trace)
+     * (2.12 on), or 2.11's process_runtime_tangent(x, meta) */
+    bool tangent_context_args;
     /* backward(ctx, grads_list) (boxed_grads_call, 2.13 on), or 2.11/2.12's
      * backward(ctx, *flat_args) */
     bool boxed_grads;
@@ -184,7 +197,8 @@ process_tangent(CompiledBackward *self, const tangent_plan *t, PyObject *x)
         }
     }
     PyObject *argv[6] = {x, t->meta, t->index, t->desc, self->compile_id, t->stack_trace};
-    PyObject *pair = PyObject_Vectorcall(st->process_runtime_tangent, argv, 6, NULL);
+    PyObject *pair = PyObject_Vectorcall(st->process_runtime_tangent, argv,
+                                         self->tangent_context_args ? 6 : 2, NULL);
     if (pair == NULL) {
         return NULL;
     }
@@ -501,7 +515,8 @@ append_tangent_leaves(CompiledBackward *self, const tangent_plan *t, PyObject *x
         }
     }
     PyObject *argv[6] = {x, t->meta, t->index, t->desc, self->compile_id, t->stack_trace};
-    PyObject *pair = PyObject_Vectorcall(st->process_runtime_tangent, argv, 6, NULL);
+    PyObject *pair = PyObject_Vectorcall(st->process_runtime_tangent, argv,
+                                         self->tangent_context_args ? 6 : 2, NULL);
     if (pair == NULL) {
         return -1;
     }
@@ -721,14 +736,105 @@ restore_external_objects(rt_state *st, PyObject *ctx, bool by_setter)
     return rc == 0 && PyErr_Occurred() ? -1 : rc;
 }
 
-/* CompiledFunction._backward_impl + the generated _backward_epilogue. */
+/* compiled's _boxed_call, as getattr(compiled, "_boxed_call", False) */
+static int
+is_boxed_call(rt_state *st, PyObject *compiled)
+{
+    PyObject *boxed = PyObject_GetAttr(compiled, st->str_boxed_call);
+    if (boxed == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return 0;
+    }
+    int is_boxed = PyObject_IsTrue(boxed);
+    Py_DECREF(boxed);
+    return is_boxed;
+}
+
+/* self->compiled_bw := compiled (a new reference, taken), its boxedness
+ * read, wrapped in the C version of its torch._dynamo.disable wrapper where
+ * it has one (cls.compiled_bw stays upstream's object) */
+static int
+set_compiled_bw(CompiledBackward *self, PyObject *compiled)
+{
+    int is_boxed = is_boxed_call(self->st, compiled);
+    if (is_boxed < 0) {
+        Py_DECREF(compiled);
+        return -1;
+    }
+    self->compiled_bw_boxed = is_boxed;
+    self->compiled_bw_seen = compiled;
+    Py_SETREF(compiled, rt_disable_wrapper_for(self->st, compiled));
+    if (compiled == NULL) {
+        self->compiled_bw_seen = NULL;
+        Py_CLEAR(self->compiled_bw);
+        return -1;
+    }
+    Py_XSETREF(self->compiled_bw, compiled);
+    return 0;
+}
+
+static PyObject *backward_call(CompiledBackward *self, PyObject *ctx, PyObject *all_args);
+
+/* CompiledFunction._backward_impl + the generated _backward_epilogue
+ * (_backward_epilogue_functional on 2.11/2.12). */
 static PyObject *
 backward_impl(CompiledBackward *self, PyObject *ctx, PyObject *all_args)
+{
+    PyObject *out = backward_call(self, ctx, all_args);
+    if (out == NULL) {
+        return NULL;
+    }
+    if (self->num_backward_tokens > 0) {
+        Py_ssize_t keep = PyList_GET_SIZE(out) - self->num_backward_tokens;
+        Py_SETREF(out, PyList_GetSlice(out, 0, keep < 0 ? 0 : keep));
+        if (out == NULL) {
+            return NULL;
+        }
+    }
+    Py_SETREF(out, PyList_AsTuple(out));
+    if (out != NULL && self->grads_wrapper != NULL) {
+        /* _backward_epilogue: `return _wrap_(out)` (make_subclass_override is
+         * None on this path) */
+        Py_SETREF(out, PyObject_Vectorcall(self->grads_wrapper, &out, 1, NULL));
+    }
+    return out;
+}
+
+/* CompiledFunction._backward_impl: the compiled backward's outputs, a list. */
+static PyObject *
+backward_call(CompiledBackward *self, PyObject *ctx, PyObject *all_args)
 {
     rt_state *st = self->st;
     if (self->has_backward_state) {
         PyErr_SetString(PyExc_AssertionError, "BackwardState requires CompiledAutograd");
         return NULL;
+    }
+    if (self->lazy_backward_impl != NULL) {
+        /* 2.11: `if CompiledFunction.compiled_bw is None:` the lazy compile
+         * inline in upstream's _backward_impl, reading the class attribute
+         * on every call. A call that finds it None runs that function, which
+         * does every step below itself (clears the saved tensors, compiles,
+         * checks donated buffers, calls it): exactly upstream's. */
+        PyObject *current = PyObject_GetAttr(self->cls, st->str_compiled_bw);
+        if (current == NULL) {
+            return NULL;
+        }
+        if (current == Py_None) {
+            Py_DECREF(current);
+            PyObject *argv[2] = {ctx, all_args};
+            return rt_as_list(PyObject_Vectorcall(self->lazy_backward_impl, argv, 2, NULL));
+        }
+        if (current != self->compiled_bw_seen) {
+            if (set_compiled_bw(self, current) < 0) {
+                return NULL;
+            }
+        }
+        else {
+            Py_DECREF(current);
+        }
     }
     /* ctx.maybe_clear_saved_tensors(): _FunctionBase's, or the C++ node's */
     if (rt_is_cpp_node(st, ctx)) {
@@ -761,31 +867,24 @@ backward_impl(CompiledBackward *self, PyObject *ctx, PyObject *all_args)
             Py_DECREF(compiled);
             return NULL;
         }
-        PyObject *boxed = PyObject_GetAttr(compiled, st->str_boxed_call);
-        int is_boxed = 0;
-        if (boxed == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
-                Py_DECREF(compiled);
-                return NULL;
-            }
-            PyErr_Clear();
-        }
-        else {
-            is_boxed = PyObject_IsTrue(boxed);
-            Py_DECREF(boxed);
-            if (is_boxed < 0) {
-                Py_DECREF(compiled);
-                return NULL;
-            }
-        }
-        self->compiled_bw_boxed = is_boxed;
-        /* the C version of its torch._dynamo.disable wrapper, where it has one;
-         * cls.compiled_bw stays upstream's */
-        Py_SETREF(compiled, rt_disable_wrapper_for(st, compiled));
-        if (compiled == NULL) {
+        if (set_compiled_bw(self, compiled) < 0) {
             return NULL;
         }
-        Py_XSETREF(self->compiled_bw, compiled);
+    }
+    else if (self->lazy_backward_impl == NULL) {
+        /* `CompiledFunction.compiled_bw = compiled_bw` after every
+         * get_or_compile (2.12 on): put it back where something replaced it
+         * (setting the same object again is not observable) */
+        PyObject *current = PyObject_GetAttr(self->cls, st->str_compiled_bw);
+        if (current == NULL) {
+            return NULL;
+        }
+        int same = current == self->compiled_bw_seen;
+        Py_DECREF(current);
+        if (!same &&
+            PyObject_SetAttr(self->cls, st->str_compiled_bw, self->compiled_bw_seen) < 0) {
+            return NULL;
+        }
     }
     if (keep_graph) {
         /* donated buffers need saved tensors used once */
@@ -829,22 +928,6 @@ backward_impl(CompiledBackward *self, PyObject *ctx, PyObject *all_args)
                                           st->kwnames_steal_disable_amp));
     }
     Py_DECREF(compiled_bw);
-    if (out == NULL) {
-        return NULL;
-    }
-    if (self->num_backward_tokens > 0) {
-        Py_ssize_t keep = PyList_GET_SIZE(out) - self->num_backward_tokens;
-        Py_SETREF(out, PyList_GetSlice(out, 0, keep < 0 ? 0 : keep));
-        if (out == NULL) {
-            return NULL;
-        }
-    }
-    Py_SETREF(out, PyList_AsTuple(out));
-    if (out != NULL && self->grads_wrapper != NULL) {
-        /* _backward_epilogue: `return _wrap_(out)` (make_subclass_override is
-         * None on this path) */
-        Py_SETREF(out, PyObject_Vectorcall(self->grads_wrapper, &out, 1, NULL));
-    }
     return out;
 }
 
@@ -932,7 +1015,7 @@ CompiledBackward_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
      * `context` (_engine_run_backward), so an ordinary backward runs as
      * context.run(impl_fn); only a backward without one (grad_fn called by
      * hand) calls the implementation directly. */
-    if (rt_tls_object(st, st->str_context, &cc) < 0) {
+    if (self->tls_context && rt_tls_object(st, st->str_context, &cc) < 0) {
         goto done;
     }
     if (cc == Py_None) {
@@ -1251,7 +1334,7 @@ CompiledBackward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     int err = 0;
     PyObject *v;
-    bool b[10];
+    bool b[12];
     if ((self->upstream = rt_callable_or_null(kwargs, "upstream", &err)) == NULL) {
         if (!err) {
             PyErr_SetString(PyExc_ValueError, "plan: upstream must be callable");
@@ -1269,6 +1352,15 @@ CompiledBackward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         goto fail;
     }
     self->backward_compiler = Py_NewRef(v);
+    self->lazy_backward_impl = rt_callable_or_null(kwargs, "lazy_backward_impl", &err);
+    if (err) {
+        goto fail;
+    }
+    if ((self->lazy_backward_impl != NULL) != (self->backward_compiler == Py_None)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "plan: lazy_backward_impl goes with backward_compiler None");
+        goto fail;
+    }
     if ((v = rt_plan_required(kwargs, "fw_metadata")) == NULL) {
         goto fail;
     }
@@ -1288,6 +1380,8 @@ CompiledBackward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         rt_plan_bool(kwargs, "copy_context", &b[7]) < 0 ||
         rt_plan_bool(kwargs, "restore_by_setter", &b[8]) < 0 ||
         rt_plan_bool(kwargs, "boxed_grads", &b[9]) < 0 ||
+        rt_plan_bool(kwargs, "tls_context", &b[10]) < 0 ||
+        rt_plan_bool(kwargs, "tangent_context_args", &b[11]) < 0 ||
         (v = rt_plan_required(kwargs, "expected_grad_outs")) == NULL ||
         rt_index_or_none(v, "expected_grad_outs", &self->expected_grad_outs) < 0 ||
         (v = rt_plan_required(kwargs, "num_backward_tokens")) == NULL ||
@@ -1305,6 +1399,8 @@ CompiledBackward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->copy_context = b[7];
     self->restore_by_setter = b[8];
     self->boxed_grads = b[9];
+    self->tls_context = b[10];
+    self->tangent_context_args = b[11];
     if (self->restore_external_objects && self->st->external_objects == NULL) {
         PyErr_SetString(PyExc_ValueError,
                         "plan: restore_external_objects on a torch bound without the registry");
@@ -1366,6 +1462,7 @@ CompiledBackward_traverse(CompiledBackward *self, visitproc visit, void *arg)
     Py_VISIT(self->cls);
     Py_VISIT(self->double_backward);
     Py_VISIT(self->backward_compiler);
+    Py_VISIT(self->lazy_backward_impl);
     Py_VISIT(self->fw_metadata);
     Py_VISIT(self->rng_add);
     Py_VISIT(self->compile_id);
@@ -1390,9 +1487,11 @@ CompiledBackward_clear(CompiledBackward *self)
     Py_CLEAR(self->cls);
     Py_CLEAR(self->double_backward);
     Py_CLEAR(self->backward_compiler);
+    Py_CLEAR(self->lazy_backward_impl);
     Py_CLEAR(self->fw_metadata);
     Py_CLEAR(self->rng_add);
     Py_CLEAR(self->compile_id);
+    self->compiled_bw_seen = NULL;
     Py_CLEAR(self->compiled_bw);
     Py_CLEAR(self->grads_wrapper);
     if (self->tangents) {

@@ -181,12 +181,12 @@ save_from_forward(CompiledForward *self, PyObject *ctx, PyObject *fw_outs)
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(opaque); i++) {
         PyObject *x = PyList_GET_ITEM(opaque, i);
         /* is_opaque_type(type(obj)) or isinstance(obj, OpaqueBase), under
-         * the release's names */
+         * the release's names (2.11: the first alone, no OpaqueBase bound) */
         PyObject *tp = (PyObject *)Py_TYPE(x);
         PyObject *r = PyObject_Vectorcall(st->is_opaque_type, &tp, 1, NULL);
         int ok = r ? PyObject_IsTrue(r) : -1;
         Py_XDECREF(r);
-        if (ok == 0) {
+        if (ok == 0 && st->OpaqueBase != NULL) {
             ok = PyObject_IsInstance(x, st->OpaqueBase);
         }
         if (ok <= 0) {

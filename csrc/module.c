@@ -19,7 +19,7 @@ bind_torch(PyObject *module, PyObject *args, PyObject *kwargs)
                                "input_grad_buffers", "cpp", NULL};
     rt_release_names names = {NULL, NULL, NULL, NULL, NULL, 0};
     PyObject *cpp = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$sszzzpO:_bind_torch", keywords,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$szzzzpO:_bind_torch", keywords,
                                      &names.opaque_type_check, &names.opaque_base,
                                      &names.external_objects, &names.external_objects_type,
                                      &names.external_objects_setter,

@@ -6,7 +6,7 @@ static const char *const PLAN_KEYS[] = {
     "expected_outs", "mutations", "outputs", "alias_translates_storage_offset", "dynamic_dims",
     "grad_enabled_mutation", "first_invocation", "disable_saved_tensors_hooks",
     "dynamic_dims_attr", "view_replay_forced", "args_list_check", "updated_alias_inline_check",
-    "prologue_range_exited_on_error",
+    "prologue_range_exited_on_error", "view_replay_set_on_enter", "bump_from_generator",
     NULL,
 };
 
@@ -358,6 +358,8 @@ rt_plan_parse(rt_plan *plan, PyObject *compiled_fn, PyObject *kwargs)
         rt_plan_bool(kwargs, "alias_translates_storage_offset",
                      &plan->alias_translates_storage_offset) < 0 ||
         rt_plan_bool(kwargs, "view_replay_forced", &plan->view_replay_forced) < 0 ||
+        rt_plan_bool(kwargs, "view_replay_set_on_enter", &plan->view_replay_set_on_enter) < 0 ||
+        rt_plan_bool(kwargs, "bump_from_generator", &plan->bump_from_generator) < 0 ||
         rt_plan_bool(kwargs, "args_list_check", &plan->args_list_check) < 0 ||
         rt_plan_bool(kwargs, "updated_alias_inline_check",
                      &plan->updated_alias_inline_check) < 0 ||

@@ -94,6 +94,9 @@ typedef struct {
      * (2.11/2.12: set in __init__ and again in __enter__, restored unconditionally
      * in __exit__) instead of the generated read/set-if-off/restore-if-changed */
     bool view_replay_forced;
+    /* with view_replay_forced: the context's __enter__ sets the mode again
+     * (2.12); 2.11's __enter__ does nothing (only __init__ sets it) */
+    bool view_replay_set_on_enter;
     /* call_func_at_runtime_with_args's `isinstance(args, list)` check before the
      * compiled function is called (2.11/2.12's reference invoker) */
     bool args_list_check;
@@ -105,6 +108,10 @@ typedef struct {
      * compiled function (2.12 on: try/finally); else the entered range is
      * dropped without __exit__, as 2.11's frame drops it */
     bool prologue_range_exited_on_error;
+    /* the version bump reads args lazily, bumping each tensor as it is read,
+     * and a failed read comes out of _increment_version as SystemError from
+     * it (2.11/2.12's increment_version(generator)) */
+    bool bump_from_generator;
 } rt_plan;
 
 /* Fills *plan from the keyword arguments of RuntimeWrapper(...).

@@ -95,10 +95,40 @@ arg_at(PyObject *args, Py_ssize_t i)
     return item;
 }
 
+/* 2.11/2.12's increment_version((args[i] for i in ...)): the C++ binding
+ * iterates the generator, bumping each tensor as it comes, so a read that
+ * raises leaves the earlier ones bumped. The binding then returns None with
+ * that exception set: CPython's generic call path turns it into SystemError
+ * ("... returned a result with an exception set"), a specialised call site
+ * (once torch's increment_version is warm) lets the exception itself
+ * surface a few instructions later. We raise the exception itself, the
+ * steady state (docs/compatibility.md). */
+static int
+bump_versions_lazily(rt_state *st, const rt_plan *p, PyObject *args)
+{
+    for (Py_ssize_t k = 0; k < p->n_bump; k++) {
+        PyObject *t = arg_at(args, p->bump[k]);
+        if (t == NULL) {
+            return -1;
+        }
+        PyObject *one = PyTuple_Pack(1, t);
+        Py_DECREF(t);
+        if (one == NULL || rt_increment_version(st, one) < 0) {
+            Py_XDECREF(one);
+            return -1;
+        }
+        Py_DECREF(one);
+    }
+    return 0;
+}
+
 /* _codegen_increment_mutation_versions: increment_version((args[i], ...)) */
 static int
 bump_versions(rt_state *st, const rt_plan *p, PyObject *args)
 {
+    if (p->bump_from_generator) {
+        return bump_versions_lazily(st, p, args);
+    }
     PyObject *tensors = PyTuple_New(p->n_bump);
     if (tensors == NULL) {
         return -1;
@@ -184,11 +214,13 @@ call_with_grad(RuntimeWrapper *self, PyObject *args_, PyObject **range)
     return out;
 }
 
-/* 2.11/2.12's _RuntimeCompiledFnInvoker.run, trace_joint=True, from the
- * detached list on: `with (torch.autograd._force_original_view_tracking(True),
- * torch.enable_grad()):`. The context's __init__ reads the mode and sets it,
- * __enter__ sets it again, __exit__ puts the read mode back whatever the mode
- * is then (each a call a TorchFunctionMode sees). Steals args_. */
+/* 2.11/2.12's _RuntimeCompiledFnInvoker.run (2.11: inline in runtime_wrapper),
+ * trace_joint=True, from the detached list on: `with
+ * (torch.autograd._force_original_view_tracking(True), torch.enable_grad()):`.
+ * The context's __init__ reads the mode and sets it, __enter__ sets it again
+ * (2.12; 2.11's __enter__ is `pass`), __exit__ puts the read mode back
+ * whatever the mode is then (each a call a TorchFunctionMode sees). Steals
+ * args_. */
 static PyObject *
 call_training_forced(RuntimeWrapper *self, PyObject *args_, PyObject **range)
 {
@@ -197,7 +229,8 @@ call_training_forced(RuntimeWrapper *self, PyObject *args_, PyObject **range)
     int prev_view_replay = rt_view_replay_enabled(st);
     if (prev_view_replay < 0 ||
         rt_set_view_replay_enabled(st, 1) < 0 ||   /* __init__ */
-        rt_set_view_replay_enabled(st, 1) < 0) {   /* __enter__: no __exit__ if it fails */
+        (self->plan.view_replay_set_on_enter &&
+         rt_set_view_replay_enabled(st, 1) < 0)) { /* __enter__: no __exit__ if it fails */
         Py_DECREF(args_);
         return NULL;
     }

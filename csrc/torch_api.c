@@ -183,7 +183,12 @@ bind_autograd(rt_state *st, const rt_release_names *names)
     /* Required on every verified release: a missing name is a torch we
      * were not verified against, never "no opaque objects". */
     BIND(is_opaque_type, RW, names->opaque_type_check);
-    BIND(OpaqueBase, RW, names->opaque_base);
+    if (names->opaque_base != NULL) {
+        BIND(OpaqueBase, RW, names->opaque_base);
+    }
+    else {
+        Py_CLEAR(st->OpaqueBase); /* 2.11: is_opaque_type(type(obj)) alone */
+    }
     BIND(weakref_ref, "weakref", "ref");
     BIND(compiled_autograd, "torch._dynamo.compiled_autograd", NULL);
     BIND(top_saved_hooks, "torch._C._autograd", "_top_saved_tensors_default_hooks");

@@ -213,7 +213,7 @@ int rt_state_init(rt_state *st);          /* interned names: at module exec */
  * shim's release table, torch_aot_rt/_versions.py). */
 typedef struct {
     const char *opaque_type_check;        /* runtime_wrappers global */
-    const char *opaque_base;              /* runtime_wrappers global */
+    const char *opaque_base;              /* runtime_wrappers global, or NULL (2.11) */
     const char *external_objects;         /* runtime_wrappers global, or NULL */
     const char *external_objects_type;    /* its type: "dict" or "list" */
     const char *external_objects_setter;  /* runtime_wrappers global, or NULL */

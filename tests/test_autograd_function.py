@@ -494,7 +494,10 @@ def test_tangent_coercion_under_dispatch_mode():
     seen = {}
     for use_c in (False, True):
         torch._dynamo.reset()
-        with T.c_runtime(use_c):
+        # the stride guess (the default from 2.12; 2.11 guesses the memory format)
+        with T.c_runtime(use_c), torch._functorch.config.patch(
+            guess_tangent_strides_as_outputs=True
+        ):
             g = aot_function(f_matmul, fw_compiler=nop, bw_compiler=nop)
             out = g(leaf(3, 4), leaf(4, 5))
         loss = out.sum()
@@ -778,16 +781,45 @@ def bw_mutation_backward(create_graph):
     return run
 
 
+def _traces_leaf_mutation_in_backward() -> bool:
+    """Whether upstream compiles a backward that mutates a leaf input that
+    requires grad: 2.11's joint trace raises "a leaf Variable that requires
+    grad is being used in an in-place operation" (later releases replay it)."""
+    torch._dynamo.reset()
+    with D.runtime(False):
+        g = aot_function(f_bw_mutation, fw_compiler=nop, bw_compiler=nop)
+        try:
+            g(leaf(3), torch.ones(3, requires_grad=True))
+        except RuntimeError as e:
+            if "a leaf Variable that requires grad" not in str(e):
+                raise
+            return False
+    return True
+
+
+def _bw_mutated_input(kind):
+    b = torch.ones(3, requires_grad=True)
+    return b * 1 if kind == "non_leaf" else b
+
+
+@pytest.mark.parametrize("mutated", ["leaf", "non_leaf"])
 @pytest.mark.parametrize("create_graph", [False, True])
-def test_mutation_in_backward(create_graph):
+def test_mutation_in_backward(create_graph, mutated):
     """create_graph=True with an input that requires grad and is mutated in
-    the backward: upstream's error; without create_graph the mutation runs."""
+    the backward: upstream's error; without create_graph the mutation runs.
+    A leaf input where upstream cannot compile it (2.11): the same compile
+    error on both paths."""
+    traces = mutated == "non_leaf" or _traces_leaf_mutation_in_backward()
     off, on = differential(
         f_bw_mutation,
-        lambda: (leaf(3), torch.ones(3, requires_grad=True)),
+        lambda: (leaf(3), _bw_mutated_input(mutated)),
         backward=bw_mutation_backward(create_graph),
         backward_error="RuntimeError" if create_graph else None,
+        expect_error=None if traces else "RuntimeError",
+        min_functions=1 if traces else 0,
     )
+    if not traces:
+        return
     m = meta_of(on)
     assert m.indices_of_inputs_that_requires_grad_with_mutations_in_bw == [1]
     if create_graph:
@@ -1121,7 +1153,8 @@ def test_backward_called_wrongly(call):
 def test_contextvars_in_compiled_backward():
     """The compiled backward runs in a copy of the caller's contextvars
     context (``torch._C._get_obj_in_tls('context').run``): it sees the
-    caller's values, and what it sets does not leak out."""
+    caller's values, and what it sets does not leak out. 2.11's backward
+    has no such hook: it runs in the caller's context, and what it sets stays."""
     import contextvars
 
     var = contextvars.ContextVar("torch_aot_rt_test_var", default="unset")
@@ -1150,7 +1183,8 @@ def test_contextvars_in_compiled_backward():
         finally:
             var.reset(token)
         results[use_c] = (list(seen), after)
-    assert results[False] == results[True] == (["caller"], "caller"), results
+    after = "caller" if T.TLS_CONTEXT else "set inside the backward"
+    assert results[False] == results[True] == (["caller"], after), results
 
 
 def test_class_freed_after_use():
@@ -1848,10 +1882,12 @@ def test_autograd_cache_hit_builds_c_class():
         got = {k: v for k, v in counters["aot_autograd"].items() if "autograd_cache" in k}
         assert got.get(expect) == 1, got
         # a cache hit wraps the result in a SerializableCompiledFunction: with
-        # the C path on, ours (the C __call__)
+        # the C path on, ours (the C __call__; upstream's where the other
+        # layers are not mirrored)
         grew = torch_aot_rt.stats()["serializable_functions"] - before
         if D.C_ENABLED:
-            assert grew == (1 if use_c and expect == "autograd_cache_hit" else 0), grew
+            ours = use_c and expect == "autograd_cache_hit" and T.LAYERS_MIRRORED
+            assert grew == (1 if ours else 0), grew
         return out.detach(), w.grad
 
     with torch._functorch.config.patch(enable_autograd_cache=True), \

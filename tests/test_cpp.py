@@ -18,12 +18,18 @@ from torch.overrides import TorchFunctionMode
 
 import _differential as D
 import torch_aot_rt
-from test_compat import run
+from test_compat import INSTALLED
+from test_compat import run as _run
 from torch_aot_rt import _cpp
 
 SWITCHED_OFF = os.environ.get("TORCH_AOT_RT_CPP", "") == "0"
-# why the C++ part is not built for this torch's series (2.12), or None
+# why the C++ part is not built for this torch's series (2.11, 2.12), or None
 UNSUPPORTED = _cpp.headers_unsupported(tuple(int(x) for x in torch.__version__.split(".")[:2]))
+
+
+def run(remove, **extra_env):
+    """test_compat.run, under this run's opt-in on a candidate release."""
+    return _run(remove, **{**INSTALLED, **extra_env})
 
 
 @pytest.mark.needs_c

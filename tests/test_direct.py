@@ -66,6 +66,9 @@ def _outcomes(up, ours, invoke, make_args, backward=False):
 # ---------------------------------------------------------------------------
 # how the wrapper is called
 
+_RELEASE = __import__("torch_aot_rt._versions", fromlist=["resolve"]).resolve(
+    torch.__version__).release
+
 CALL_FORMS = {
     "list": lambda w, a: w(list(a)),
     "tuple": lambda w, a: w(tuple(a)),
@@ -118,7 +121,31 @@ def test_call_forms(device, program, form):
     if program == "training_detach":
         assert meta["detach"] == [1], meta
     up, ours = D.build_pair(compiled_fn, kwargs)
+    if program == "inference_version_bump" and getattr(_RELEASE, "bump_from_generator", False):
+        up = _read_error_itself(up)
     _outcomes(up, ours, CALL_FORMS[form], make, backward=rg)
+
+
+def _read_error_itself(upstream):
+    """2.11/2.12 bump through a generator: torch's binding returns with the
+    failed read's exception set, which CPython reports as SystemError from it
+    while the call site in torch.autograd.graph.increment_version is not
+    specialised, and as the exception itself once it is (a state of the
+    interpreter, docs/compatibility.md). The C path raises the exception
+    itself: compare with that."""
+
+    def call(*args, **kwargs):
+        try:
+            return upstream(*args, **kwargs)
+        except SystemError as e:
+            if e.__cause__ is None or "returned a result with an exception set" not in str(e):
+                raise
+            error = e.__cause__
+        error.__cause__ = error.__context__ = None
+        error.__suppress_context__ = False
+        raise error.with_traceback(None)
+
+    return call
 
 
 def test_wrapper_is_reusable_after_errors(device):

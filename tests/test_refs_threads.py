@@ -273,17 +273,18 @@ def test_first_invocation_check_once_across_threads():
                 outcomes.append(("error" if "custom operator" in str(e) else repr(e),
                                  torch._C._len_torch_dispatch_stack()))
 
-        # torch's config values are per thread (ContextVars): each thread runs
-        # in a copy of this context, where the check raises
+        # torch's config values are per thread (ContextVars) from 2.12: each
+        # thread runs in a copy of this context, where the check raises (2.11's
+        # are global: the patch stays on while the threads run)
         with torch._functorch.config.patch(error_on_custom_op_aliasing=True):
             threads = [
                 threading.Thread(target=contextvars.copy_context().run, args=(worker,))
                 for _ in range(4)
             ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=120)
         results[use_c] = sorted(outcomes)
     assert results[False] == results[True] == [("error", 0)] + [("ok", 0)] * 3, results
 

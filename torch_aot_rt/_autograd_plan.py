@@ -17,6 +17,7 @@ What the C path does not cover keeps upstream's class as built, counted in
 from __future__ import annotations
 
 import functools
+import threading
 
 from . import _state
 from ._plan import Unsupported, check_available
@@ -69,7 +70,10 @@ def _forward_plan(cls, spec, rng_state, release) -> dict:
         saved_is_graph_input = tuple(bool(b) for b in meta.saved_tensor_is_graph_input)
     return dict(
         compiled_fw=cls.compiled_fw,
-        rng_add_forward_args=rng_state.add_forward_args if rng_state.num_rng > 0 else None,
+        rng_add_forward_args=(
+            rng_state.add_forward_args if rng_state is not None and rng_state.num_rng > 0
+            else None
+        ),
         backward_state_index=(
             spec.backward_state_indices[0] if spec.backward_state_indices else None
         ),
@@ -155,7 +159,8 @@ def _subclass_tangent_node(tangent_meta, release):
     return (cls, tangent_meta.meta, mf.memory_format, is_fake, tuple(attrs))
 
 
-def _backward_plan(cls, spec, rng_state, backward_compiler, release) -> dict:
+def _backward_plan(cls, spec, rng_state, backward_compiler, lazy_backward_impl,
+                   release) -> dict:
     import torch
     from torch._functorch._aot_autograd.schemas import OutputType
 
@@ -170,17 +175,21 @@ def _backward_plan(cls, spec, rng_state, backward_compiler, release) -> dict:
     ]
     plain_kinds = (OutputType.non_alias, OutputType.unsafe_view_alias,
                    OutputType.custom_function_view)
+    # requires_grad_for_backward (2.12 on), requires_grad (2.11)
+    grad_attr = release.surviving_grad_attr
     surviving += [
         num_mut + i
         for i, info in enumerate(meta.output_info)
         if info.output_type in plain_kinds
         and issubclass(info.raw_type, torch.Tensor)
-        and info.requires_grad_for_backward
+        and getattr(info, grad_attr)
     ]
     surviving += list(range(num_mut + meta.num_outputs, expected))
     tangent_metas = meta.subclass_tangent_meta
     descs = meta.traced_tangents_descs
-    stacks = meta.tangent_source_stack_traces or ()
+    # what process_runtime_tangent's error names (2.12 on; 2.11 takes none)
+    context_args = release.tangent_error_context
+    stacks = (meta.tangent_source_stack_traces or ()) if context_args else ()
     if len(surviving) > min(len(tangent_metas), len(descs)):
         raise Unsupported("fewer tangent metas than grads")
     tangents = tuple(
@@ -194,6 +203,8 @@ def _backward_plan(cls, spec, rng_state, backward_compiler, release) -> dict:
     if subclass is not None:
         from . import _subclass
 
+        if not context_args:
+            raise Unsupported(f"CompiledFunction: a subclass graph on torch {release.name}")
         if len(surviving) != len(tangent_metas):
             # upstream raises 'The grad inputs should be same number as forward
             # output tangents' on every backward: let it
@@ -207,9 +218,13 @@ def _backward_plan(cls, spec, rng_state, backward_compiler, release) -> dict:
     return dict(
         cls=cls,
         backward_compiler=backward_compiler,
+        lazy_backward_impl=lazy_backward_impl,
         fw_metadata=meta,
-        compile_id=meta.compile_id_str,
-        rng_add_backward_args=rng_state.add_backward_args if rng_state.num_rng > 0 else None,
+        compile_id=meta.compile_id_str if context_args else None,
+        rng_add_backward_args=(
+            rng_state.add_backward_args if rng_state is not None and rng_state.num_rng > 0
+            else None
+        ),
         disable_amp=bool(spec.disable_amp),
         has_backward_state=bool(spec.backward_state_indices),
         check_deterministic=deterministic is not None and not deterministic,
@@ -227,6 +242,8 @@ def _backward_plan(cls, spec, rng_state, backward_compiler, release) -> dict:
         restore_external_objects=release.snapshots_external_objects,
         restore_by_setter=release.external_objects_setter is not None,
         copy_context=release.copies_backward_context,
+        tls_context=release.backward_runs_in_tls_context,
+        tangent_context_args=context_args,
         expected_grad_outs=expected,
         num_backward_tokens=meta.num_backward_tokens,
         surviving=tuple(surviving),
@@ -283,16 +300,28 @@ def install_c_function(cls, spec, release):
     try:
         upstream_forward = cls.__dict__["forward"].__func__
         upstream_backward = cls.__dict__["backward"].__func__
-        fwd_vars = _closure(upstream_forward)
-        impl_vars = _closure(cls.__dict__["_backward_impl"].__func__)
-        rng_state = fwd_vars["rng_state"]
-        backward_compiler = impl_vars["backward_compiler"]
+        upstream_impl = cls.__dict__["_backward_impl"].__func__
+        if release.compiled_function_factory:
+            rng_state = _closure(upstream_forward)["rng_state"]
+            backward_compiler = _closure(upstream_impl)["backward_compiler"]
+            lazy_backward_impl = None
+        else:
+            # 2.11: the RNG bookkeeping is the closure of upstream's forward
+            # and backward, the lazy backward compile inline in _backward_impl
+            if meta.num_graphsafe_rng_states:
+                raise Unsupported(
+                    f"CompiledFunction: graph-safe RNG states on torch {release.name} "
+                    "(their bookkeeping is the closure of upstream's forward/backward)"
+                )
+            rng_state = backward_compiler = None
+            lazy_backward_impl = upstream_impl
         forward = _C.CompiledForward(
             upstream=upstream_forward, **_forward_plan(cls, spec, rng_state, release)
         )
         backward = _C.CompiledBackward(
             upstream=upstream_backward,
-            **_backward_plan(cls, spec, rng_state, backward_compiler, release),
+            **_backward_plan(cls, spec, rng_state, backward_compiler, lazy_backward_impl,
+                             release),
         )
         apply = _C.FunctionApply(
             cls,
@@ -314,10 +343,11 @@ def install_c_function(cls, spec, release):
     # vjp is not overridden, that is our backward, called from C.
     backward_cls = cls._backward_cls
     apply_boxed = None
-    if release.boxed_backward and (
-        getattr(backward_cls, "apply_boxed", None) is BackwardCFunction.apply_boxed
+    upstream_apply_boxed = getattr(BackwardCFunction, "apply_boxed", None)  # 2.13 on
+    if release.boxed_backward and upstream_apply_boxed is not None and (
+        getattr(backward_cls, "apply_boxed", None) is upstream_apply_boxed
     ):
-        apply_boxed = _C.ApplyBoxed(backward, cls, Function.vjp, BackwardCFunction.apply_boxed)
+        apply_boxed = _C.ApplyBoxed(backward, cls, Function.vjp, upstream_apply_boxed)
     # Only now, with everything built, is the class touched: a failure above
     # leaves it upstream's.
     cls.forward = staticmethod(forward)
@@ -327,12 +357,29 @@ def install_c_function(cls, spec, release):
     return apply
 
 
+def _adopt(cls, spec):
+    """The C ``apply`` of upstream's freshly built class, or None: upstream's
+    class stays as built, counted with the reason. An exception in ours (a
+    torch whose internals are not the ones we read) is such a fallback."""
+    try:
+        apply = install_c_function(cls, spec, _state.release())
+    except Unsupported as e:
+        reason = str(e)
+    except Exception as e:
+        reason = "CompiledFunction: " + _state.internal_error(e)
+    else:
+        _state.count_built("autograd_functions")
+        return apply
+    _state.count_fallback(reason)
+    return None
+
+
 def build_autograd_post_compile(upstream_post_compile, spec):
-    """Our ``AOTDispatchAutograd.post_compile``.
+    """Our ``AOTDispatchAutograd.post_compile`` (2.12 on).
 
     Upstream's own steps (building the class, the runtime wrapper around its
-    apply) raise as upstream's would; an exception in ours (a torch whose
-    internals are not the ones we read) keeps upstream's class, counted."""
+    apply) raise as upstream's would; an exception in ours keeps upstream's
+    class, counted."""
     import torch._functorch._aot_autograd.runtime_wrappers as rw
 
     try:
@@ -343,17 +390,8 @@ def build_autograd_post_compile(upstream_post_compile, spec):
         _state.count_fallback(str(e))
         return upstream_post_compile(spec)
     cls = rw._AOTDispatchAutogradFunctionFactory(spec).build()
-    try:
-        apply = install_c_function(cls, spec, _state.release())
-    except Unsupported as e:
-        reason = str(e)
-    except Exception as e:
-        reason = "CompiledFunction: " + _state.internal_error(e)
-    else:
-        reason = None
-        _state.count_built("autograd_functions")
-    if reason is not None:
-        _state.count_fallback(reason)
+    apply = _adopt(cls, spec)
+    if apply is None:
         apply = cls.apply
     # upstream: RuntimeWrapper(...).post_compile(cls.apply, ...), which reaches
     # our _create_runtime_wrapper.
@@ -362,3 +400,80 @@ def build_autograd_post_compile(upstream_post_compile, spec):
         trace_joint=True,
         disable_amp=spec.disable_amp,
     ).post_compile(apply, spec.aot_config, runtime_metadata=spec.fw_metadata)
+
+
+# 2.11 (Release.compiled_function_factory False): AOTDispatchAutograd.post_compile
+# builds CompiledFunction inline and hands `CompiledFunction.apply` to
+# RuntimeWrapper.post_compile, which reaches our _create_runtime_wrapper.
+_INLINE_QUALNAME = "AOTDispatchAutograd.post_compile.<locals>.CompiledFunction"
+
+
+def _inline_class(compiled_fn):
+    """The CompiledFunction class whose unbound ``apply`` compiled_fn is, or None."""
+    from torch.autograd.function import Function
+
+    cls = getattr(compiled_fn, "__self__", None)
+    if not (
+        isinstance(cls, type)
+        and issubclass(cls, Function)
+        and cls.__qualname__ == _INLINE_QUALNAME
+        and getattr(compiled_fn, "__func__", None) is Function.apply.__func__
+        and compiled_fn == cls.apply
+    ):
+        return None
+    return cls
+
+
+def _inline_spec(cls):
+    """What 2.12's AOTDispatchAutogradCompileSpec holds that the plans read,
+    from the class 2.11's post_compile built: its attributes and the closure
+    of its forward (post_compile's arguments)."""
+    import types
+
+    fwd = _closure(cls.__dict__["forward"].__func__)
+    return types.SimpleNamespace(
+        fw_metadata=cls.metadata,
+        maybe_subclass_meta=cls.maybe_subclass_metadata,
+        backward_state_indices=fwd["backward_state_indices"],
+        disable_amp=fwd["disable_amp"],
+    )
+
+
+# the fw_metadata of each 2.11 post_compile running in this thread, innermost last
+_building = threading.local()
+
+
+def build_inline_post_compile(upstream_post_compile, args, kwargs):
+    """Our 2.11 ``AOTDispatchAutograd.post_compile``: upstream's, which builds
+    CompiledFunction and hands its apply to RuntimeWrapper.post_compile (our
+    _create_runtime_wrapper, adopt_inline_class). Only the class built by this
+    very call is adopted: one built with the C path off, or captured and
+    handed to the runtime-wrapper builder again, stays upstream's."""
+    metas = _building.__dict__.setdefault("metas", [])
+    metas.append(kwargs.get("fw_metadata"))
+    try:
+        return upstream_post_compile(*args, **kwargs)
+    finally:
+        metas.pop()
+
+
+def adopt_inline_class(compiled_fn):
+    """2.11: the runtime wrapper's compiled_fn is `CompiledFunction.apply` of
+    the class post_compile has just built; give that class the C forward and
+    backward and return the C apply (or compiled_fn, counted, where the C
+    path does not cover it). Anything else is returned as it is."""
+    cls = _inline_class(compiled_fn)
+    metas = getattr(_building, "metas", None)
+    if cls is None or not metas or cls.__dict__.get("metadata") is not metas[-1]:
+        return compiled_fn
+    try:
+        check_available()
+        spec = _inline_spec(cls)
+    except Unsupported as e:
+        _state.count_fallback(str(e))
+        return compiled_fn
+    except (AttributeError, KeyError) as e:
+        _state.count_fallback(f"CompiledFunction: torch internals differ: {e!r}")
+        return compiled_fn
+    apply = _adopt(cls, spec)
+    return compiled_fn if apply is None else apply

@@ -10,7 +10,9 @@ What we put in place of upstream's, each where all its callers find it:
   ``torch.compile``, ``aot_function``/``aot_module`` and AOTAutogradCache hits
   all go through, inference and training) -> ``_plan.build_runtime_wrapper``;
 - ``AOTDispatchAutograd.post_compile`` (builds CompiledFunction) ->
-  ``_autograd_plan.build_autograd_post_compile``;
+  ``_autograd_plan.build_autograd_post_compile`` (2.11, whose post_compile
+  builds the class inline: ``build_inline_post_compile``, upstream's with its
+  metadata noted, the class adopted in ``_create_runtime_wrapper``);
 - Dynamo's ``GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS`` (``_guards``),
   ``SerializableCompiledFunction.__init__`` (``_serializable``),
   ``aot_autograd.simple_wraps`` (``_prepend``) and the ``post_compile`` of
@@ -68,10 +70,28 @@ _RUNTIME_WRAPPER_SHAPE = (
     ("keep_input_mutations", _KW), ("disable_amp", _KW),
 )
 _POST_COMPILE_SHAPE = (("spec", "POSITIONAL_OR_KEYWORD"),)
+_PK = "POSITIONAL_OR_KEYWORD"
+# 2.11's post_compile, which builds CompiledFunction inline (not replaced:
+# its class is reached from _create_runtime_wrapper)
+_INLINE_POST_COMPILE_SHAPE = tuple(
+    (name, _PK) for name in (
+        "compiled_fw_func", "compiled_bw_func", "maybe_subclass_meta",
+        "num_symints_saved_for_bw_", "backward_state_indices", "disable_amp",
+        "indices_of_inps_to_detach", "lazy_backward_info", "aot_config",
+    )
+) + (("fw_metadata", _KW), ("try_save_cache_entry", _KW))
 _WRAPPER_POST_COMPILE_SHAPE = (
     ("self", "POSITIONAL_OR_KEYWORD"), ("compiled_fn", "POSITIONAL_OR_KEYWORD"),
     ("aot_config", "POSITIONAL_OR_KEYWORD"), ("runtime_metadata", _KW),
 )
+
+
+def _codes(code):
+    """A code object and the code objects nested in it, recursively."""
+    yield code
+    for c in code.co_consts:
+        if hasattr(c, "co_consts"):
+            yield from _codes(c)
 
 
 def _check_release(rw, rel) -> None:
@@ -135,17 +155,28 @@ def _check_release(rw, rel) -> None:
             f"_FunctionBase._input_grad_buffers is{'' if buffers else ' not'} there, "
             f"unlike torch {rel.name}"
         )
-    defers = "deferred_full_gc" in rw._AutogradBackwardCompiler.get_or_compile.__code__.co_names
+    compiler = rw.__dict__.get("_AutogradBackwardCompiler")
+    defers = any(
+        "deferred_full_gc" in code.co_names
+        for code in _codes(
+            compiler.get_or_compile.__code__ if compiler is not None
+            # 2.11: the lazy compile inline in CompiledFunction._backward_impl
+            else rw.AOTDispatchAutograd.post_compile.__code__
+        )
+    )
     if defers != rel.backward_compile_defers_gc:
         raise RuntimeError(
             f"the lazy backward compile does{'' if defers else ' not'} defer full GCs, "
             f"unlike torch {rel.name}"
         )
+    _check_compiled_function(rw, rel)
     # the core pair is replaced together or not at all
     autograd = rw.__dict__["AOTDispatchAutograd"]
+    factory = rel.compiled_function_factory
     for what, fn, shape in (
         ("_create_runtime_wrapper", rw._create_runtime_wrapper, _RUNTIME_WRAPPER_SHAPE),
-        ("AOTDispatchAutograd.post_compile", autograd.post_compile, _POST_COMPILE_SHAPE),
+        ("AOTDispatchAutograd.post_compile", autograd.post_compile,
+         _POST_COMPILE_SHAPE if factory else _INLINE_POST_COMPILE_SHAPE),
         ("RuntimeWrapper.post_compile", rw.RuntimeWrapper.post_compile,
          _WRAPPER_POST_COMPILE_SHAPE),
     ):
@@ -153,7 +184,44 @@ def _check_release(rw, rel) -> None:
             raise RuntimeError(f"{what}{inspect.signature(fn)} is not the verified signature")
     if not isinstance(autograd.__dict__.get("post_compile"), staticmethod):
         raise RuntimeError("AOTDispatchAutograd.post_compile is not a staticmethod")
-    rw._AOTDispatchAutogradFunctionFactory.build  # noqa: B018
+    if factory:
+        rw._AOTDispatchAutogradFunctionFactory.build  # noqa: B018
+    elif not any(
+        getattr(c, "co_name", None) == "CompiledFunction"
+        for c in autograd.post_compile.__code__.co_consts
+    ):
+        raise RuntimeError("AOTDispatchAutograd.post_compile does not build CompiledFunction")
+
+
+def _check_compiled_function(rw, rel) -> None:
+    """The CompiledFunction-related claims of a release entry (2.11 against 2.12)."""
+    import torch
+    from torch._functorch._aot_autograd.schemas import OutputAliasInfo
+
+    factory = hasattr(rw, "_AOTDispatchAutogradFunctionFactory")
+    if factory != rel.compiled_function_factory:
+        raise RuntimeError(
+            f"runtime_wrappers._AOTDispatchAutogradFunctionFactory is"
+            f"{'' if factory else ' not'} there, unlike torch {rel.name}"
+        )
+    if rel.surviving_grad_attr not in getattr(OutputAliasInfo, "__dataclass_fields__", {}):
+        raise RuntimeError(
+            f"OutputAliasInfo has no {rel.surviving_grad_attr}, unlike torch {rel.name}"
+        )
+    params = inspect.signature(rw.AOTDispatchAutograd.process_runtime_tangent).parameters
+    if ("tangent_idx" in params) != rel.tangent_error_context:
+        raise RuntimeError(
+            f"process_runtime_tangent{inspect.signature(rw.AOTDispatchAutograd.process_runtime_tangent)}"
+            f" is not torch {rel.name}'s"
+        )
+    if rel.forces_original_view_tracking:
+        enter = torch.autograd._force_original_view_tracking.__enter__.__code__
+        sets = "_set_view_replay_enabled" in enter.co_names
+        if sets != rel.original_view_tracking_sets_on_enter:
+            raise RuntimeError(
+                f"_force_original_view_tracking.__enter__ does{'' if sets else ' not'} set "
+                f"view replay, unlike torch {rel.name}"
+            )
 
 
 def _source_capture_sink(rel):
@@ -229,28 +297,39 @@ def _replace_runtime(rw) -> list:
     from . import _autograd_plan, _plan
 
     upstream = rw._create_runtime_wrapper
+    # 2.11: post_compile builds CompiledFunction inline and hands its apply to
+    # the runtime wrapper, where the class is adopted.
+    inline = not _state.release().compiled_function_factory
 
     @functools.wraps(upstream)
     def _create_runtime_wrapper(compiled_fn, **kwargs):
         if not _state.is_enabled():
             return upstream(compiled_fn, **kwargs)
+        if inline and kwargs.get("trace_joint"):
+            compiled_fn = _autograd_plan.adopt_inline_class(compiled_fn)
         return _plan.build_runtime_wrapper(upstream, compiled_fn, **kwargs)
 
+    _state.installed["upstream"] = upstream
+    replaced = [_state.replace(rw, "_create_runtime_wrapper", _create_runtime_wrapper)]
     autograd = rw.AOTDispatchAutograd
     upstream_post_compile = autograd.post_compile
 
-    @functools.wraps(upstream_post_compile)
-    def post_compile(spec):
-        if not _state.is_enabled():
-            return upstream_post_compile(spec)
-        return _autograd_plan.build_autograd_post_compile(upstream_post_compile, spec)
+    if inline:
+        # upstream's, marking the class it builds as the one to adopt
+        @functools.wraps(upstream_post_compile)
+        def post_compile(*args, **kwargs):
+            if not _state.is_enabled():
+                return upstream_post_compile(*args, **kwargs)
+            return _autograd_plan.build_inline_post_compile(upstream_post_compile, args, kwargs)
+    else:
+        @functools.wraps(upstream_post_compile)
+        def post_compile(spec):
+            if not _state.is_enabled():
+                return upstream_post_compile(spec)
+            return _autograd_plan.build_autograd_post_compile(upstream_post_compile, spec)
 
-    _state.installed["upstream"] = upstream
     _state.installed["upstream_post_compile"] = upstream_post_compile
-    return [
-        _state.replace(rw, "_create_runtime_wrapper", _create_runtime_wrapper),
-        _state.replace(autograd, "post_compile", staticmethod(post_compile)),
-    ]
+    return replaced + [_state.replace(autograd, "post_compile", staticmethod(post_compile))]
 
 
 def _replace_layers(rw) -> list:

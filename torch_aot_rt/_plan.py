@@ -209,9 +209,11 @@ def make_plan(compiled_fn, *, runtime_metadata, indices_of_inps_to_detach,
             # generated wrapper differs (_versions.Release)
             dynamic_dims_attr=release.dynamic_dims_attr,
             view_replay_forced=release.forces_original_view_tracking,
+            view_replay_set_on_enter=release.original_view_tracking_sets_on_enter,
             args_list_check=release.invoker_checks_args_list,
             updated_alias_inline_check=release.updated_alias_inline_check,
             prologue_range_exited_on_error=release.prologue_range_exited_on_error,
+            bump_from_generator=release.bump_from_generator,
         )
     except AttributeError as e:
         # An internal renamed or missing on this torch version.

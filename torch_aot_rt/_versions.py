@@ -43,7 +43,10 @@ class Release:
     # (`is_opaque_type(type(obj)) or isinstance(obj, OpaqueBase)` in 2.13,
     # renamed is_custom_class / CustomClassBase in 2.14).
     opaque_type_check: str
-    opaque_base: str
+    # None: the check is is_opaque_type(type(obj)) alone (2.11, whose
+    # runtime_wrappers has no OpaqueBase); an OpaqueBase instance of an
+    # unregistered type then fails the forward's assertion.
+    opaque_base: str | None
     # torch.autograd.Function.apply: a Python classmethod in 2.13 (functorch
     # check, unwrap_dead_wrappers, then _FunctionBase.apply); 2.14 makes it
     # _FunctionBase.apply itself, with that logic in C++.
@@ -157,6 +160,14 @@ class Release:
     # so an error before it drops the entered range without __exit__
     # -> plan bit prologue_range_exited_on_error.
     prologue_range_exited_on_error: bool = True
+    # keep_input_mutations' version bump: 2.11/2.12 call
+    # increment_version((args[i] for i in ...)), whose C++ binding bumps each
+    # tensor as the generator yields it: an args read that raises leaves the
+    # earlier ones bumped (the error itself is SystemError or the read's
+    # exception, depending on CPython's specialisation of the call site; we
+    # raise the latter). 2.13's generated call reads them into a tuple first
+    # -> plan bit bump_from_generator.
+    bump_from_generator: bool = False
     # CompiledFunction.backward takes the grads boxed (boxed_grads_call,
     # BackwardCFunction.apply_boxed, backward(ctx, grads_list): 2.13 on);
     # 2.11/2.12's reference CompiledFunction takes them unboxed
@@ -196,6 +207,41 @@ class Release:
     # intercept: our C objects have no frame, so on 2.12 the subclass wrapper
     # and CompiledFunction of subclass graphs stay upstream's, counted.
     subclass_wrapper_mirrored: bool = True
+    # --- 2.11 against 2.12 ---
+    # AOTDispatchAutograd.post_compile(spec) builds CompiledFunction through
+    # _AOTDispatchAutogradFunctionFactory (2.12 on: its RNG bookkeeping in an
+    # _AutogradRngStateTracker, the lazy backward compile in an
+    # _AutogradBackwardCompiler). 2.11's post_compile takes the old positional
+    # signature and builds the class inline: the RNG bookkeeping lives in the
+    # closure of its forward/backward (graph-safe RNG states keep upstream's
+    # class, counted), and its _backward_impl compiles the backward lazily
+    # itself, reading CompiledFunction.compiled_bw on every call. We reach
+    # 2.11's class through _create_runtime_wrapper, whose compiled_fn is its
+    # `CompiledFunction.apply`; the C backward reads cls.compiled_bw per call
+    # and runs upstream's _backward_impl for a call that finds it None (the
+    # lazy compile) -> backward plan key lazy_backward_impl.
+    compiled_function_factory: bool = True
+    # torch.autograd._force_original_view_tracking.__enter__ sets the mode
+    # again (2.12); 2.11's __enter__ is `pass` (only __init__ sets it)
+    # -> runtime-wrapper plan bit view_replay_set_on_enter (read only with
+    # view_replay_forced).
+    original_view_tracking_sets_on_enter: bool = True
+    # CompiledFunction.backward runs impl_fn as
+    # functools.partial(ctx.run, impl_fn) when the engine stashed a
+    # `context` in TLS (2.12 on); 2.11's backward has no such hook
+    # -> backward plan bit tls_context.
+    backward_runs_in_tls_context: bool = True
+    # The OutputAliasInfo attribute deciding which user outputs' grads reach
+    # the compiled backward (_backward_prologue_functional /
+    # _codegen_backward_prologue): requires_grad_for_backward (2.12 on);
+    # 2.11 has only requires_grad.
+    surviving_grad_attr: str = "requires_grad_for_backward"
+    # process_runtime_tangent(x, meta, tangent_idx, tangent_desc,
+    # compile_id_str, tangent_stack_trace) (2.12 on: what its error names);
+    # 2.11's takes (x, meta) and ViewAndMutationMeta has neither
+    # compile_id_str nor tangent_source_stack_traces
+    # -> backward plan bit tangent_context_args.
+    tangent_error_context: bool = True
 
     def __post_init__(self) -> None:
         # the registry exists exactly where the forward snapshots it; only a
@@ -249,6 +295,7 @@ VERIFIED: tuple[Release, ...] = (
         ),
         subclass_wrapper_mirrored=False,
         prologue_range_exited_on_error=True,
+        bump_from_generator=True,
     ),
     Release(
         series=(2, 13),
@@ -312,13 +359,21 @@ VERIFIED: tuple[Release, ...] = (
     ),
 )
 
-# Releases read and partly mirrored, not verified: the gate stays closed on
-# them. The TORCH_AOT_RT_UNVERIFIED=1 opt-in uses the entry of the running
-# series. 2.11: 2.12's runtime semantics, and an older post_compile (issue 19).
+# Releases read and mirrored, not verified: the gate stays closed on them
+# (tests/test_release_211.py). The TORCH_AOT_RT_UNVERIFIED=1 opt-in uses the
+# entry of the running series. 2.11: 2.12's runtime semantics but where its source differs (the
+# 2.11 fields above), its runtime wrapper and CompiledFunction in C, its other
+# per-call layers upstream's (issue 19).
 CANDIDATES: tuple[Release, ...] = (
     dataclasses.replace(
         VERIFIED[0], series=(2, 11), per_call_layers_mirrored=False,
         prologue_range_exited_on_error=False,
+        opaque_base=None,
+        compiled_function_factory=False,
+        original_view_tracking_sets_on_enter=False,
+        backward_runs_in_tls_context=False,
+        surviving_grad_attr="requires_grad",
+        tangent_error_context=False,
     ),
 )
 
