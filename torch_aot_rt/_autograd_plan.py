@@ -417,7 +417,11 @@ def _inline_class(compiled_fn):
         isinstance(cls, type)
         and issubclass(cls, Function)
         and cls.__qualname__ == _INLINE_QUALNAME
-        and getattr(compiled_fn, "__func__", None) is Function.apply.__func__
+        # not overridden: a classmethod's function is Function's (2.13 and
+        # older); 2.14 on, Function.apply is _FunctionBase's C classmethod,
+        # which has no __func__
+        and "apply" not in vars(cls)
+        and getattr(compiled_fn, "__func__", None) is getattr(Function.apply, "__func__", None)
         and compiled_fn == cls.apply
     ):
         return None
