@@ -17,7 +17,6 @@ import types
 import pytest
 import torch
 from functorch.compile import aot_function, nop
-from torch.overrides import TorchFunctionMode
 
 import _differential as D
 import _training as T
@@ -55,15 +54,7 @@ def test_211_entry_differs_from_212_where_its_source_does():
 # view replay around the training call: _force_original_view_tracking(True)
 
 
-class _ViewReplayCalls(TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is torch._C._set_view_replay_enabled:
-            self.calls.append(args[0])
-        return func(*args, **(kwargs or {}))
+from test_release_semantics import _ViewReplayCalls  # noqa: E402
 
 
 def _view_replay_calls(release, prev):

@@ -383,15 +383,7 @@ int face_traverse(PyObject* self, visitproc visit, void* arg) {
   if (!face_owns_node(face)) {
     return 0;
   }
-  const CompiledFunctionState& st = node_of(self)->state();
-  Py_VISIT(st.forward_cls);
-  Py_VISIT(st.to_save);
-  Py_VISIT(st.non_differentiable);
-  Py_VISIT(st.tensors_no_vc_check);
-  Py_VISIT(st.symints);
-  Py_VISIT(st.opaque_objects);
-  Py_VISIT(st.external_objects);
-  return 0;
+  return node_of(self)->state().traverse(visit, arg);
 }
 
 // THPFunction_clear + the __dict__ clear. forward_cls is kept (a class, as
@@ -401,13 +393,7 @@ int face_clear(PyObject* self) {
   if (!face_owns_node(face)) {
     return 0;
   }
-  CompiledFunctionState& st = node_of(self)->state();
-  Py_CLEAR(st.to_save);
-  Py_CLEAR(st.non_differentiable);
-  Py_CLEAR(st.tensors_no_vc_check);
-  Py_CLEAR(st.symints);
-  Py_CLEAR(st.opaque_objects);
-  Py_CLEAR(st.external_objects);
+  node_of(self)->state().clear_ctx_objects();
   return 0;
 }
 

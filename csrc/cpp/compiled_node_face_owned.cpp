@@ -193,27 +193,14 @@ PyMethodDef face_methods[] = {
 // THPFunction_traverse + subtype_traverse (the ctx's type, its __dict__):
 // the ctx state's Python objects, whatever the node's other owners.
 int face_traverse(PyObject* self, visitproc visit, void* arg) {
-  const CompiledFunctionState& st = state_of_face(self);
-  Py_VISIT(st.forward_cls);
-  Py_VISIT(st.to_save);
-  Py_VISIT(st.non_differentiable);
-  Py_VISIT(st.tensors_no_vc_check);
-  Py_VISIT(st.symints);
-  Py_VISIT(st.opaque_objects);
-  Py_VISIT(st.external_objects);
-  return 0;
+  return state_of_face(self).traverse(visit, arg);
 }
 
 // THPFunction_clear + subtype_clear's __dict__. forward_cls is kept (a
 // class, as the ctx keeps its type until it is freed).
 int face_clear(PyObject* self) {
   CompiledFunctionState& st = state_of_face(self);
-  Py_CLEAR(st.to_save);
-  Py_CLEAR(st.non_differentiable);
-  Py_CLEAR(st.tensors_no_vc_check);
-  Py_CLEAR(st.symints);
-  Py_CLEAR(st.opaque_objects);
-  Py_CLEAR(st.external_objects);
+  st.clear_ctx_objects();
   st.saved_variables.clear();
   return 0;
 }

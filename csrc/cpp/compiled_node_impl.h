@@ -100,6 +100,24 @@ struct CompiledFunctionState {
   void clear() {
     saved_variables.clear();
     Py_CLEAR(forward_cls);
+    clear_ctx_objects();
+  }
+
+  // For the face's tp_traverse (THPFunction_traverse): every Python object.
+  int traverse(visitproc visit, void* arg) const {
+    Py_VISIT(forward_cls);
+    Py_VISIT(to_save);
+    Py_VISIT(non_differentiable);
+    Py_VISIT(tensors_no_vc_check);
+    Py_VISIT(symints);
+    Py_VISIT(opaque_objects);
+    Py_VISIT(external_objects);
+    return 0;
+  }
+
+  // For the face's tp_clear (THPFunction_clear): forward_cls is kept (a
+  // class, as the ctx keeps its type); the node's apply reads it.
+  void clear_ctx_objects() {
     Py_CLEAR(to_save);
     Py_CLEAR(non_differentiable);
     Py_CLEAR(tensors_no_vc_check);
