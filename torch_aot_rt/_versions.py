@@ -242,6 +242,14 @@ class Release:
     # compile_id_str nor tangent_source_stack_traces
     # -> backward plan bit tangent_context_args.
     tangent_error_context: bool = True
+    # aot_autograd.py, a training compile downgraded to inference (no output
+    # requires grad, no input requiring grad is mutated): 2.12 on keeps the
+    # ViewAndMutationMeta (is_train=False on it); 2.11 builds a new one from
+    # some of its fields, without grad_enabled_mutation, so a graph that
+    # leaves grad mode changed gets None there (no epilogue sets it). A
+    # compile-time difference the C path inherits (it reads the metadata it
+    # gets); recorded for the tests.
+    downgrade_keeps_grad_enabled_mutation: bool = True
 
     def __post_init__(self) -> None:
         # the registry exists exactly where the forward snapshots it; only a
@@ -374,6 +382,7 @@ CANDIDATES: tuple[Release, ...] = (
         backward_runs_in_tls_context=False,
         surviving_grad_attr="requires_grad",
         tangent_error_context=False,
+        downgrade_keeps_grad_enabled_mutation=False,
     ),
 )
 
