@@ -24,7 +24,7 @@
 # itself is installed with --no-build-isolation --no-deps, so its build never
 # resolves torch. Here torch==2.13.0 is a CPU build and torch==2.14.1 a CUDA build of
 # about 5.5 GB (both lie on the project's machines as local files pip finds); 2.15.0,
-# 2.12.1 and the canaries are CUDA builds from PyPI, about 5 to 7 GB per venv. All of
+# 2.12.1, 2.11.0 and the canary are CUDA builds from PyPI, about 5 to 7 GB per venv. All of
 # them run on the CPU. A pip constraints file
 # capping torch (a machine's pip configuration) is lifted for these installs
 # (PIP_CONSTRAINT=/dev/null): the pin is the exact release.
@@ -38,13 +38,13 @@ cd "$ROOT"
 # suite checks that the package changes nothing there); keep both in step with
 # torch_aot_rt/_versions.py.
 # shellcheck disable=SC2034  # read by the scripts that source this file
-TORCH_RELEASES=(2.13.0 2.14.1 2.15.0 2.12.1)
-CANARY_RELEASES=(2.10.0 2.11.0)
+TORCH_RELEASES=(2.13.0 2.14.1 2.15.0 2.12.1 2.11.0)
+CANARY_RELEASES=(2.10.0)
 # The releases whose headers the C++ part is built against (torch_aot_rt/_cpp.py
 # CPP_SERIES); on the other verified releases it is not built, and the suite's two
 # configurations would be the same run: it runs once there.
 # shellcheck disable=SC2034  # read by the scripts that source this file
-CPP_RELEASES=(2.13.0 2.14.1 2.15.0 2.12.1)
+CPP_RELEASES=(2.13.0 2.14.1 2.15.0 2.12.1 2.11.0)
 
 _log() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -161,8 +161,8 @@ EOF
 
     # 3. the extension: always rebuilt (setuptools builds editable wheels in a fresh temp dir).
     #    A canary is built as a user would install it: setup.py itself skips the C++
-    #    part on a torch whose headers it does not support (2.10's and 2.11's autograd
-    #    nodes are held by shared_ptr) and records why; the install must succeed.
+    #    part on a torch whose headers it does not support (2.10's) and records why;
+    #    the install must succeed.
     local cpp="${TORCH_AOT_RT_CPP:-}"
     if is_canary "$version"; then cpp=""; fi
     local -a build=("$PY" -m pip install --disable-pip-version-check -q --no-build-isolation --no-deps -e .)

@@ -39,10 +39,10 @@ fi
 
 # The order of set-ups and runs: 2.13.0 first (from nothing, about 2 min: 30 s of
 # install from local files, then 80 s of build), so tests start early; 2.14.1 (local
-# files, about 2.5 min), 2.15.0 (a download, about 2.5 to 4 min), 2.12.1 (a download),
-# then the canaries
-# (downloads, about 3 min and 1 min, the C core alone builds in seconds), whose
-# set-ups end long before their runs start. Measured on 2 cores: a run of the suite
+# files, about 2.5 min), 2.15.0 (a download, about 2.5 to 4 min), 2.12.1 and 2.11.0
+# (downloads, about 3 min each), then the canary
+# (a download, about 3 min, the C core alone builds in seconds), whose
+# set-up ends long before its run starts. Measured on 2 cores: a run of the suite
 # takes about 4.5 min on a release, a canary run well under a minute.
 if [ -n "${TORCH_AOT_RT_TORCH:-}" ]; then
     releases=("$TORCH_AOT_RT_TORCH")

@@ -60,11 +60,17 @@ INSTALLED = {"TORCH_AOT_RT_UNVERIFIED": "1"} if CANDIDATE else {}
 
 
 def _check_fallbacks(stats) -> None:
-    """None, but on a candidate the layers it leaves upstream's, counted
-    when installed (nothing a compile did)."""
+    """None, but where the release entry in use leaves the other per-call
+    layers upstream's (2.11), that, counted when installed (nothing a compile
+    did)."""
+    from torch_aot_rt import _versions
+
     reasons = stats["fallback_reasons"]
-    if stats["torch"]["unverified_opt_in"] and CANDIDATE:
-        assert all("not mirrored" in k for k in reasons), reasons
+    release = next(r for r in _versions.VERIFIED + _versions.CANDIDATES
+                   if r.name == stats["torch"]["release"])
+    if not release.per_call_layers_mirrored:
+        assert reasons == {f"other per-call layers: not mirrored for torch {release.name}": 1}, \
+            reasons
     else:
         assert stats["fallbacks"] == 0, stats
 
@@ -156,7 +162,7 @@ def test_release_entry_contradicted_falls_back():
     assert "is not the verified" in stats["torch"]["inactive"], stats["torch"]
 
 
-UNVERIFIED = ["2.11.0", "2.16.0", "2.15.0a0+git1234567", "3.0.0", "not-a-version"]
+UNVERIFIED = ["2.10.0", "2.16.0", "2.15.0a0+git1234567", "3.0.0", "not-a-version"]
 
 
 @pytest.mark.parametrize("version", UNVERIFIED)
@@ -175,8 +181,8 @@ def test_unverified_version_falls_back(version):
 # Unverified versions the opt-in maps onto the installed release's entry (so
 # the results are exact): the nearest entry not newer, or the oldest.
 OPT_IN = {
-    (2, 11): ["2.11.0a0+git1234567", "2.11.2rc1"],
-    (2, 12): ["2.12.0a0+git1234567", "2.10.0"],
+    (2, 11): ["2.11.0a0+git1234567", "2.10.0"],
+    (2, 12): ["2.12.0a0+git1234567", "2.12.2rc1"],
     (2, 13): ["2.13.0a0+git1234567", "2.13.1rc1"],
     (2, 14): ["2.14.0a0+git1234567", "2.14.2rc1"],
     (2, 15): ["2.16.0", "2.15.0a0+git1234567"],
@@ -203,15 +209,15 @@ def test_unverified_opt_in(which):
     }
 
 
-def test_opt_in_as_a_candidate_checks_the_candidates_claims():
-    """The opt-in on a version of a candidate series (2.11) uses that entry;
-    a torch that contradicts it (here the installed one, whose backward is
-    boxed and whose runtime wrapper is generated) stays inactive."""
+def test_opt_in_checks_the_entrys_claims():
+    """The opt-in on a pre-release of 2.11 uses 2.11's entry; a torch that
+    contradicts it (here the installed one, whose backward is boxed and whose
+    runtime wrapper is generated) stays inactive."""
     import torch
 
     if _series(str(torch.__version__)) < (2, 13):
         pytest.skip("torch 2.11/2.12 run the reference Python the 2.11 entry claims")
-    result = run("torch.__version__ = '2.11.0'", TORCH_AOT_RT_UNVERIFIED="1")
+    result = run("torch.__version__ = '2.11.0a0+git1234567'", TORCH_AOT_RT_UNVERIFIED="1")
     stats = result["stats"]
     assert stats["torch"]["release"] is None or stats["torch"]["inactive"] is not None, stats
     assert "torch internals differ" in stats["torch"]["inactive"], stats
@@ -259,8 +265,9 @@ def test_resolve_table(monkeypatch):
     monkeypatch.delenv("TORCH_AOT_RT_UNVERIFIED", raising=False)  # a candidate's run opts in
 
     names = [r.name for r in _versions.VERIFIED]
-    assert names == ["2.12", "2.13", "2.14", "2.15"]
-    for v, want in [("2.12.1+cu130", "2.12"), ("2.12.0", "2.12"),
+    assert names == ["2.11", "2.12", "2.13", "2.14", "2.15"]
+    for v, want in [("2.11.0+cu130", "2.11"), ("2.11.0", "2.11"),
+                    ("2.12.1+cu130", "2.12"), ("2.12.0", "2.12"),
                     ("2.13.0", "2.13"), ("2.13.5+cpu", "2.13"), ("2.14.1+cu130", "2.14"),
                     ("2.14.0", "2.14"), ("2.15.0", "2.15"), ("2.15.0+cu132", "2.15")]:
         gate = _versions.resolve(v)
@@ -269,3 +276,26 @@ def test_resolve_table(monkeypatch):
         gate = _versions.resolve(v)
         assert not gate.verified and gate.release is None
         assert gate.reason == f"torch {v} is not a verified version"
+
+
+def test_candidates(monkeypatch):
+    """A candidate entry (read and mirrored, not verified; none now, 2.11 was
+    one): inactive without the opt-in, its own entry (not the nearest
+    verified one) with it."""
+    import dataclasses
+
+    from torch_aot_rt import _versions
+
+    assert _versions.CANDIDATES == ()
+    fake = dataclasses.replace(_versions.VERIFIED[0], series=(2, 10))
+    monkeypatch.setattr(_versions, "CANDIDATES", (fake,))
+    monkeypatch.delenv("TORCH_AOT_RT_UNVERIFIED", raising=False)
+    gate = _versions.resolve("2.10.0")
+    assert gate.release is None and gate.reason == "torch 2.10.0 is not a verified version"
+    monkeypatch.setenv("TORCH_AOT_RT_UNVERIFIED", "1")
+    for v in ("2.10.0", "2.10.1+cu128", "2.10.0a0+git1234567"):
+        gate = _versions.resolve(v)
+        assert gate.release is fake and not gate.verified and gate.unverified_opt_in, v
+    # other series: the nearest verified entry, as without candidates
+    assert _versions.resolve("2.9.0").release is _versions.VERIFIED[0]
+    assert _versions.resolve("2.12.0a0").release.name == "2.12"

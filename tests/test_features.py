@@ -470,8 +470,16 @@ def test_grad_enabled_mutation_compile(device, fn, mode):
     final = fn is f_set_grad_enabled_true
     initial = mode != "no_grad"
     # recorded only when the region leaves grad mode other than it found it
-    assert on.meta["grad_enabled_mutation"] is (None if final == initial else final), on.meta
-    assert on.calls[0]["tls_in_ctx"]["grad"] is final
+    # (2.11: not where the training compile was downgraded to inference, as
+    # it is here: no output requires grad)
+    expected = None if final == initial else final
+    if mode == "train" and D.RELEASE is not None and \
+            not D.RELEASE.downgrade_keeps_grad_enabled_mutation:
+        expected = None
+    assert on.meta["grad_enabled_mutation"] is expected, on.meta
+    # (2.11, downgraded: no epilogue sets it, the call leaves grad mode as it was)
+    dropped = expected is None and final != initial
+    assert on.calls[0]["tls_in_ctx"]["grad"] is (initial if dropped else final)
 
 
 # ---------------------------------------------------------------------------

@@ -291,5 +291,8 @@ def test_active_import_replaces_exactly_ours():
         expected |= layers
     else:
         assert not layers & replaced, sorted(replaced)
+        # and counted, once, at install
+        reason = f"other per-call layers: not mirrored for torch {release.name}"
+        assert result["stats"]["fallback_reasons"].get(reason) == 1, result["stats"]
     assert expected <= replaced, sorted(replaced)
     assert result["stats"]["runtime_wrappers"] > 0

@@ -288,7 +288,12 @@ def test_indices_of_inps_to_detach(device):
 @pytest.mark.parametrize("mode", ["plain", "train"])
 def test_grad_enabled_mutation(device, mode):
     on = run(f_sets_grad_off, [(3,)], mode, device, backward=False)
-    assert on.meta["grad_enabled_mutation"] is False, on.meta
+    # 2.11: a training compile downgraded to inference (here: no output
+    # requires grad) loses grad_enabled_mutation; upstream's call then leaves
+    # grad mode as the graph left it (the differential run compares that)
+    keeps = D.RELEASE is None or D.RELEASE.downgrade_keeps_grad_enabled_mutation
+    expected = False if mode == "plain" or keeps else None
+    assert on.meta["grad_enabled_mutation"] is expected, on.meta
     assert on.calls[0]["tls_after"]["grad"] is False
 
 

@@ -120,5 +120,46 @@ def test_no_functorch_frames(case):
         assert 0 < len(ours) < len(upstream), (len(ours), len(upstream))
         assert not any(f.endswith(("runtime_wrappers.py:runtime_wrapper",
                                    "runtime_wrappers.py:run")) for f in ours), ours
+        if not D.LAYERS_MIRRORED:
+            _check_layers_upstream(kind, training, ours, upstream)
+        return
+    if not D.LAYERS_MIRRORED:
+        _check_layers_upstream(kind, training, ours, upstream)
         return
     assert ours == [], f"{len(ours)} frames (upstream: {len(upstream)}): {ours[:20]}"
+
+
+# 2.11: the layers around the runtime wrapper stay upstream's (counted at
+# install): their frames of a plain call, exactly, and nothing else
+_LAYER_FRAMES = sorted([
+    "_functorch/_aot_autograd/utils.py:top_saved_tensors_hooks",     # saved-tensors-hooks guard
+    "_functorch/_aot_autograd/utils.py:saved_tensors_hooks_are_inlineable",
+    "_functorch/aot_autograd.py:forward",                            # params prepend
+    "_functorch/_aot_autograd/runtime_wrappers.py:wrapper",          # functionalized-RNG closure
+    "_functorch/_aot_autograd/runtime_wrappers.py:inner_fn",         # effect-tokens closure
+])
+# and, on a subclass graph, the subclass wrapper's
+_SUBCLASS_WRAPPER_FILES = ("_functorch/_aot_autograd/subclass_utils.py:",
+                           "_functorch/_aot_autograd/schemas.py:")
+
+
+def _rel(frame: str) -> str:
+    return frame.replace(os.sep, "/").rsplit("/torch/", 1)[-1]
+
+
+def _check_layers_upstream(kind, training, ours, upstream) -> None:
+    D.check_layers_upstream()
+    rel = [_rel(f) for f in ours]
+    assert 0 < len(ours) < len(upstream), (len(ours), len(upstream))
+    assert not any(f.endswith(("runtime_wrappers.py:runtime_wrapper", "runtime_wrappers.py:run"))
+                   for f in rel), rel
+    if kind == "plain":
+        assert sorted(rel) == _LAYER_FRAMES, rel
+        return
+    rest = list(rel)
+    for f in _LAYER_FRAMES:
+        rest.remove(f)
+    if not training:  # training: the subclass graph's CompiledFunction too (above)
+        # the subclass wrapper (its inner_fn, the subclass utilities) and nothing else
+        rest = [f for f in rest if not f.startswith(_SUBCLASS_WRAPPER_FILES)]
+        assert rest == ["_functorch/_aot_autograd/runtime_wrappers.py:inner_fn"], rest

@@ -874,7 +874,7 @@ def test_release_paths_leak_nothing():
 
 
 # ---------------------------------------------------------------------------
-# 2.12 (verified) and 2.11 (a candidate entry, _versions.CANDIDATES): the runtime wrapper's
+# 2.12 and 2.11 (both verified): the runtime wrapper's
 # plan bits, run here on the installed torch. Each test builds the C wrapper
 # with 2.12's plan and with the installed release's, and checks that each
 # does what its release's upstream code does: a 2.12 test fails if the 2.13
@@ -885,23 +885,26 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 from torch_aot_rt import _C, _kinds, _plan  # noqa: E402
 
 REL_212 = next(r for r in _versions.VERIFIED if r.series == (2, 12))
-REL_211 = next(r for r in _versions.CANDIDATES if r.series == (2, 11))
+REL_211 = next(r for r in _versions.VERIFIED if r.series == (2, 11))
 # the generated runtime wrapper's behaviour (2.13 on): what a 2.12 test must
 # tell apart, whichever release is installed
 REL_213 = next(r for r in _versions.VERIFIED if r.series == (2, 13))
 
-# the candidate whose CompiledFunction the installed torch builds the same way
+# the entry whose CompiledFunction the installed torch builds the same way
 REL_UNBOXED = REL_212 if RELEASE is None or RELEASE.compiled_function_factory else REL_211
 
 
-def test_candidates_are_not_verified_and_only_opted_in(monkeypatch):
+def test_211_and_212_are_verified(monkeypatch):
     monkeypatch.delenv(_versions.UNVERIFIED_ENV, raising=False)
-    assert _versions.resolve("2.11.0").release is None
+    assert _versions.resolve("2.11.0").release is REL_211
+    assert _versions.resolve("2.11.0+cu130").verified
     assert _versions.resolve("2.12.1+cu130").release is REL_212
     assert _versions.resolve("2.12.1").verified
+    # the opt-in: a pre-release of 2.11 (or an older torch) gets 2.11's entry
     monkeypatch.setenv(_versions.UNVERIFIED_ENV, "1")
-    assert _versions.resolve("2.11.0").release is REL_211
-    assert not _versions.resolve("2.11.0").verified
+    assert _versions.resolve("2.11.0a0+git1234567").release is REL_211
+    assert _versions.resolve("2.10.0").release is REL_211
+    assert not _versions.resolve("2.10.0").verified
 
 
 def _wrapper(fn, args, release, **plan_over):

@@ -62,7 +62,12 @@ def _check_built(run, training=False) -> None:
         assert not any("subclass wrapper" in k for k in reasons), reasons
         return
     assert _built(run) == 0, run.stats_after
-    assert any(k.startswith(UPSTREAM_REASONS[0]) for k in reasons), reasons
+    if D.LAYERS_MIRRORED:
+        assert any(k.startswith(UPSTREAM_REASONS[0]) for k in reasons), reasons
+    else:
+        # 2.11: the subclass wrapper is not even replaced (the other per-call
+        # layers stay upstream's, counted at install): no reason per compile
+        D.check_layers_upstream(run)
     if training:
         assert any(k.startswith(UPSTREAM_REASONS[1]) for k in reasons), reasons
 
@@ -90,9 +95,9 @@ def _with_inner(compiled):
     return call
 
 
-def _compile(dynamic=False, **kw):
+def _compile(dynamic=False, backend="aot_eager", **kw):
     def how(fn):
-        return _with_inner(torch.compile(fn, backend="aot_eager", fullgraph=True,
+        return _with_inner(torch.compile(fn, backend=backend, fullgraph=True,
                                          dynamic=dynamic, **kw))
 
     return how
@@ -415,6 +420,9 @@ def test_nested_jagged(device, training):
             after = D._state.counters()
             if IN_C:
                 assert after["subclass_wrappers"] > before["subclass_wrappers"], after
+            elif not D.LAYERS_MIRRORED:  # 2.11: not replaced, counted at install
+                D.check_layers_upstream()
+                assert after["subclass_wrappers"] == before["subclass_wrappers"], after
             else:
                 key = next(k for k in after["fallback_reasons"]
                            if k.startswith(UPSTREAM_REASONS[0]))
@@ -489,9 +497,13 @@ def test_dtensor_one_process_gloo():
     else:
         assert runs["True"]["built"] == {"subclass_wrappers": 0, "autograd_functions": 0,
                                          "runtime_wrappers": 1}, runs["True"]
+        # 2.12: counted per compile; 2.11: the subclass wrapper with the other
+        # per-call layers, counted once, at install
+        wrapper = ("subclass wrapper: not mirrored" if D.LAYERS_MIRRORED
+                   else "other per-call layers: not mirrored")
         assert sorted(k.split(" on torch")[0].split(" for torch")[0]
-                      for k in runs["True"]["fallbacks"]) == [
-            "CompiledFunction: a subclass graph", "subclass wrapper: not mirrored"], runs["True"]
+                      for k in runs["True"]["fallbacks"]) == sorted([
+            "CompiledFunction: a subclass graph", wrapper]), runs["True"]
 
 
 # ---------------------------------------------------------------------------
@@ -515,7 +527,11 @@ def test_autograd_cache_hit(device, training):
     from torch._dynamo.utils import counters
 
     AOTAutogradCache.clear()
-    kw = dict(compile=_compile(), functorch_config=BUNDLED_CACHE, calls=2, device=device)
+    # (2.11's bundled cache fails aot_eager compiles: inductor there)
+    from test_compile_e2e import _cache_backend
+
+    kw = dict(compile=_compile(backend=_cache_backend()), functorch_config=BUNDLED_CACHE,
+              calls=2, device=device)
     inputs = _inputs(("two", (8,), training))
 
     def hits():

@@ -27,9 +27,11 @@ CPP_ENV = "TORCH_AOT_RT_CPP"
 # std::enable_shared_from_this<Node>`). 2.12's are compiled against as well
 # (csrc/cpp/node_ptr.h): there the node owns its grad_fn, which has
 # THPFunction's ownership (csrc/cpp/compiled_node_face_owned.cpp), and calls
-# the backward unboxed, as 2.12's PyNode. 2.15's headers were checked to build.
+# the backward unboxed, as 2.12's PyNode; 2.11's headers, PyNode and
+# BackwardCFunction are 2.12's, and so is the node there (tested since 2.11's
+# CompiledFunction runs in C, issue 19). 2.15's headers were checked to build.
 # setup.py compiles the part only for these series.
-CPP_SERIES = ((2, 12), (2, 13), (2, 14), (2, 15))
+CPP_SERIES = ((2, 11), (2, 12), (2, 13), (2, 14), (2, 15))
 
 # Where the records and modules are; a name of its own so tests can point it
 # at records of their own.
@@ -51,12 +53,11 @@ def torch_series(torch_version: str) -> tuple[int, int] | None:
 
 
 # Series whose headers the C++ part compiles against, and whose upstream node
-# its autograd node reproduces as far as can be read (2.11's headers, its
-# PyNode and BackwardCFunction are 2.12's), but where it is not tested, so
-# not built (TORCH_AOT_RT_CPP_FORCE=1 builds it): no CompiledFunction of 2.11
-# runs through the C path yet (its old post_compile, issue 19), and only
-# that path makes the node.
-NODE_UNTESTED = ((2, 11),)
+# its autograd node reproduces as far as can be read, but where it is not
+# tested, so not built (TORCH_AOT_RT_CPP_FORCE=1 builds it): a series whose
+# CompiledFunction does not run through the C path yet (only that path makes
+# the node). 2.11 was one until its CompiledFunction ran in C (issue 19).
+NODE_UNTESTED: tuple[tuple[int, int], ...] = ()
 
 
 def headers_unsupported(series: tuple[int, int] | None) -> str | None:
