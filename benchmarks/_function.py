@@ -126,8 +126,10 @@ def _capture_apply(fn, flag: bool | None, inputs: tuple, fw_compiler, bw_compile
     None: as installed). Returns (compiled_fn given to the runtime wrapper,
     CompiledFunction class)."""
     import contextlib
+    import importlib
 
     recorded: list = []
+    adopted: list = []
     installed = rw._create_runtime_wrapper
 
     def spy(compiled_fn, **kw):
@@ -136,17 +138,32 @@ def _capture_apply(fn, flag: bool | None, inputs: tuple, fw_compiler, bw_compile
 
     rt = _cases.torch_aot_rt
     switch = contextlib.nullcontext() if flag is None or rt is None else rt.enabled(flag)
+    # 2.11 (compiled_function_factory=False): the runtime wrapper is handed
+    # upstream's CompiledFunction.apply, and ours passes on the C apply that
+    # adopt_inline_class returns for it: that one is what the C path calls
+    plan = importlib.import_module("torch_aot_rt._autograd_plan") if rt is not None else None
+    adopt = getattr(plan, "adopt_inline_class", None)
+
+    def adopt_spy(compiled_fn):
+        result = adopt(compiled_fn)
+        adopted.append(result)
+        return result
+
     rw._create_runtime_wrapper = spy
+    if adopt is not None:
+        plan.adopt_inline_class = adopt_spy
     try:
         compiled = aot_function(fn, fw_compiler=fw_compiler, bw_compiler=bw_compiler)
         with switch:
             out = compiled(*_cases._clone_inputs(inputs))
     finally:
         rw._create_runtime_wrapper = installed
-    if len(recorded) != 1:
+        if adopt is not None:
+            plan.adopt_inline_class = adopt
+    if len(recorded) != 1 or len(adopted) > 1:
         raise RuntimeError(f"expected one runtime wrapper built, got {len(recorded)}")
     _backward_all(out)
-    return recorded[0], _compiled_class(out)
+    return (adopted or recorded)[0], _compiled_class(out)
 
 
 def is_c_function(cls) -> bool:
