@@ -30,7 +30,9 @@ does.
 
 Before timing, each row checks that the C path was used for the C compile
 (``torch_aot_rt.stats()``: a runtime wrapper built, a CompiledFunction with
-grads, no fallback) and that upstream and C give equal outputs (and grads).
+grads, no fallback) and that upstream and C give equal outputs (and grads); a
+row that fails either is still timed, printed with the failure, and the script
+exits 1 at the end.
 """
 
 from __future__ import annotations
@@ -175,12 +177,14 @@ def measure(row, device, rounds, calls, warmup=5):
     mark_step = mode == "reduce-overhead"
     up, up_run, _ = _compile(rt, False, f"{row}_up", model, x, training, mode, warmup)
     c, c_run, delta = _compile(rt, True, f"{row}_c", model, x, training, mode, warmup)
-    used = (delta["runtime_wrappers"] >= 1 and delta["fallbacks"] == 0
-            and delta["autograd_functions"] >= (1 if training else 0))
-    if not used:
-        raise SystemExit(f"{row}: the C path was not used for the C compile: stats delta {delta}")
+    # what would make the row meaningless is said with it, not fatal: on a
+    # machine lent for minutes, the other rows still come back
+    notes = []
+    if not (delta["runtime_wrappers"] >= 1 and delta["fallbacks"] == 0
+            and delta["autograd_functions"] >= (1 if training else 0)):
+        notes.append(f"the C path was not used for the C compile: stats delta {delta}")
     if not _outputs_equal(model, x, training, up, c, mark_step):
-        raise SystemExit(f"{row}: upstream's and C's outputs differ")
+        notes.append("upstream's and C's outputs differ")
     runs = {"eager": _call(_forward, model, x, training, False), "upstream": up_run, "c": c_run}
     if device == "cuda" and row == "inference_ro":
         runs["replay"] = _replay(model, x)
@@ -189,7 +193,7 @@ def measure(row, device, rounds, calls, warmup=5):
     med = {n: statistics.median(v) for n, v in samples.items()}
     saved = statistics.median(u - c for u, c in zip(samples["upstream"], samples["c"]))
     return {"row": row, "mode": mode, "training": training, "median_us": med,
-            "c_minus_up_us": -saved, "c_over_up": med["c"] / med["upstream"]}
+            "c_minus_up_us": -saved, "c_over_up": med["c"] / med["upstream"], "notes": notes}
 
 
 def main(argv=None):
@@ -212,9 +216,13 @@ def main(argv=None):
         replay = f"{m['replay']:9.1f}" if "replay" in m else f"{'-':>9}"
         print(f"{row:<14}{m['eager']:9.1f}{m['upstream']:10.1f}{m['c']:9.1f}{replay}"
               f"{r['c_minus_up_us']:9.1f}{r['c_over_up']:8.3f}", flush=True)
+        for note in r["notes"]:
+            print(f"  {row}: {note}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "device": name, "results": results}, f, indent=1)
+    if any(r["notes"] for r in results):
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
