@@ -5,12 +5,14 @@
 #   bash scripts/cuda_check.sh          # logs under $OUT (the tool's), else ./cuda-check
 # 1. builds torch_aot_rt in place against the machine's torch (C core and C++ part);
 # 2. runs the whole suite with the device parameter on CUDA
-#    (TORCH_AOT_RT_REQUIRE_CUDA=1: it fails where torch sees no GPU), with the C++
-#    part and with the C core alone (TORCH_AOT_RT_CPP=0), on 12 xdist workers;
+#    (TORCH_AOT_RT_REQUIRE_CUDA=1: it fails where torch sees no GPU) with the C++
+#    part, on 12 xdist workers;
 # 3. runs benchmarks/cuda_e2e.py on CUDA (wall time per call, upstream vs C, one
-#    process, mode="default" and "reduce-overhead").
-# Exit status: the first failing step's, after every step has run. About 6 to 8
-# minutes on 16 cores: give the device tool a timeout_s of 540.
+#    process, mode="default" and "reduce-overhead");
+# 4. runs the suite again with the C core alone (TORCH_AOT_RT_CPP=0).
+# Exit status: the first failing step's, after every step has run. Each step has
+# its own time limit (590 s in all): give the device tool's run a
+# timeout_s of 600.
 set -uo pipefail
 out="${OUT:-cuda-check}"
 mkdir -p "$out"
@@ -24,22 +26,26 @@ step() { # NAME RC
 
 { date -u; nvidia-smi -L; "$py" -c 'import torch; print(torch.__version__, torch.cuda.get_device_name())'; } \
     2>&1 | tee "$out/device.txt"
-"$py" -m pip install --disable-pip-version-check -q --no-build-isolation --no-deps -e . \
+timeout 150 "$py" -m pip install --disable-pip-version-check -q --no-build-isolation --no-deps -e . \
     > "$out/build.log" 2>&1
 rc=$?; step build "$rc"
 if [ "$rc" -ne 0 ]; then tail -n 40 "$out/build.log"; exit "$rc"; fi
 "$py" -c 'import json, torch_aot_rt; print(json.dumps(torch_aot_rt.stats()["torch"]))' \
     2>&1 | tee -a "$out/device.txt"
 
-for cpp in 1 0; do
-    TORCH_AOT_RT_REQUIRE_CUDA=1 TORCH_AOT_RT_CPP=$cpp timeout 200 \
+# suite NAME CPP SECONDS: the whole suite on 12 xdist workers, its log under $out
+suite() {
+    TORCH_AOT_RT_REQUIRE_CUDA=1 TORCH_AOT_RT_CPP=$2 timeout "$3" \
         "$py" -m pytest -p pytest_require_tests -p no:cacheprovider -n 12 -q -rfEs tests \
-        > "$out/suite-cpp$cpp.log" 2>&1
-    rc=$?
-    tail -n 15 "$out/suite-cpp$cpp.log"
-    step "suite, TORCH_AOT_RT_CPP=$cpp" "$rc"
-done
+        > "$out/suite-$1.log" 2>&1
+    local rc=$?
+    tail -n 15 "$out/suite-$1.log"
+    step "suite, $1 (TORCH_AOT_RT_CPP=$2)" "$rc"
+}
 
-timeout 180 "$py" benchmarks/cuda_e2e.py --json "$out/bench.json" 2>&1 | tee "$out/bench.txt"
+# the order of importance, so that a run cut short keeps the first ones
+suite cpp 1 200
+timeout 120 "$py" benchmarks/cuda_e2e.py --json "$out/bench.json" 2>&1 | tee "$out/bench.txt"
 step "benchmarks/cuda_e2e.py" "${PIPESTATUS[0]}"
+suite c-core 0 120
 exit "$status"
