@@ -3,8 +3,10 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
+from importlib.machinery import EXTENSION_SUFFIXES
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -223,6 +225,28 @@ class build_ext_cpp_optional(build_ext):
             with open(os.path.join(folder, plan.ident + ".json"), "w") as f:
                 json.dump(record, f, indent=1, sort_keys=True)
                 f.write("\n")
+
+    def copy_file(self, infile, outfile, *args, **kwargs):
+        """copy_extensions_to_source's copy into the tree (in-place and
+        editable builds), made atomic: distutils unlinks the module and then
+        writes the new one, and a process importing it in between (another
+        torch's tests, run beside this build by scripts/test.sh) finds no
+        module. Written beside it and renamed over it, the module is always
+        whole, the old one or the new one; processes that loaded the old one
+        keep their mapping of it."""
+        if os.path.isdir(outfile) or not outfile.endswith(tuple(EXTENSION_SUFFIXES)):
+            return super().copy_file(infile, outfile, *args, **kwargs)
+        if self.dry_run:
+            return outfile, True
+        tmp = f"{outfile}.{os.getpid()}.tmp"
+        try:
+            shutil.copyfile(infile, tmp)
+            shutil.copymode(infile, tmp)
+            os.replace(tmp, outfile)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        return outfile, True
 
     def build_extension(self, ext):
         plan = CPP
