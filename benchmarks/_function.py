@@ -123,8 +123,9 @@ def _compiled_class(outs):
 def _capture_apply(fn, flag: bool | None, inputs: tuple, fw_compiler, bw_compiler):
     """aot_function(fn) with these compilers, first call (and one backward, to
     compile it) on copies of ``inputs`` with torch_aot_rt on/off (``flag``;
-    None: as installed). Returns (compiled_fn given to the runtime wrapper,
-    CompiledFunction class)."""
+    None: as installed). Returns (the apply the runtime wrapper calls: the
+    compiled_fn it is given, or on 2.11 the C apply adopt_inline_class
+    returned for it; CompiledFunction class)."""
     import contextlib
     import importlib
 
@@ -161,7 +162,8 @@ def _capture_apply(fn, flag: bool | None, inputs: tuple, fw_compiler, bw_compile
         if adopt is not None:
             plan.adopt_inline_class = adopt
     if len(recorded) != 1 or len(adopted) > 1:
-        raise RuntimeError(f"expected one runtime wrapper built, got {len(recorded)}")
+        raise RuntimeError(f"expected one runtime wrapper built, got {len(recorded)} "
+                           f"(and {len(adopted)} inline classes adopted)")
     _backward_all(out)
     return (adopted or recorded)[0], _compiled_class(out)
 
