@@ -17,8 +17,8 @@
  * With the C++ part, a plan built with `node=True` first
  * offers the call to the C++ autograd node (torch_cpp_api.h node_apply),
  * which does _FunctionBase.apply's work with a C++ node as the ctx; what it
- * declines, and every call while a functorch transform or compiled autograd
- * is active, goes the way above. Each call's decision is counted.
+ * declines, and every call while a functorch transform is active, goes the
+ * way above. Each call's decision is counted.
  * ====================================================================== */
 
 typedef struct {
@@ -31,7 +31,9 @@ typedef struct {
 
 /* The C++ node's Function.apply: a new reference, NULL with an exception,
  * or NULL without one when this call is for upstream's Function.apply.
- * `functorch_active` is _are_functorch_transforms_active(), already asked. */
+ * `functorch_active` is _are_functorch_transforms_active(), already asked.
+ * Compiled autograd, on or off, takes the node as it takes PyNode
+ * (compiled_node_compiled_autograd.cpp). */
 static PyObject *
 node_apply(FunctionApply *self, PyObject *args, int functorch_active)
 {
@@ -39,18 +41,9 @@ node_apply(FunctionApply *self, PyObject *args, int functorch_active)
     int reason = RT_NODE_FUNCTORCH;
     PyObject *result = NULL;
     if (!functorch_active) {
-        PyObject *on = PyObject_GetAttr(st->compiled_autograd, st->str_compiled_autograd_enabled);
-        int enabled = on ? PyObject_IsTrue(on) : -1;
-        Py_XDECREF(on);
-        if (enabled < 0) {
-            return NULL;
-        }
-        reason = RT_NODE_COMPILED_AUTOGRAD;
-        if (!enabled) {
-            result = st->cpp->node_apply(self->node_cls, args, &reason);
-            if (result == NULL && reason == RT_NODE_TAKEN) {
-                return NULL; /* raised */
-            }
+        result = st->cpp->node_apply(self->node_cls, args, &reason);
+        if (result == NULL && reason == RT_NODE_TAKEN) {
+            return NULL; /* raised */
         }
     }
     st->node_counts[reason]++;

@@ -40,7 +40,6 @@ static const char *const node_reasons[RT_NODE_N_DECLINED] = {
     [RT_NODE_TENSOR_KIND] = "tensor subclass, functorch, functional or nested input",
     [RT_NODE_FORWARD_AD] = "forward-mode AD input",
     [RT_NODE_FUNCTORCH] = "functorch transform active",
-    [RT_NODE_COMPILED_AUTOGRAD] = "compiled autograd enabled",
 };
 
 static PyObject *

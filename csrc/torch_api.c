@@ -72,7 +72,6 @@ rt_state_init(rt_state *st)
     INTERN(str_copy, "copy");
     INTERN(str_debug_assert, "debug_assert");
     INTERN(str_compiled_fn, "compiled_fn");
-    INTERN(str_compiled_autograd_enabled, "compiled_autograd_enabled");
     INTERN(str_tensor_unflatten, "__tensor_unflatten__");
     INTERN(str_clear, "clear");
     if ((st->kwnames_use_once = Py_BuildValue("(s)", "saved_tensors_use_once")) == NULL ||
@@ -190,7 +189,6 @@ bind_autograd(rt_state *st, const rt_release_names *names)
         Py_CLEAR(st->OpaqueBase); /* 2.11: is_opaque_type(type(obj)) alone */
     }
     BIND(weakref_ref, "weakref", "ref");
-    BIND(compiled_autograd, "torch._dynamo.compiled_autograd", NULL);
     BIND(top_saved_hooks, "torch._C._autograd", "_top_saved_tensors_default_hooks");
     BIND(GraphModule, "torch.fx", "GraphModule");
     Py_CLEAR(st->external_objects);
@@ -375,7 +373,6 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
     X(unsafe_view) X(partial) X(functorch_config)                         \
     X(process_runtime_tangent) X(empty_strided)                    \
     X(call_func_at_runtime) X(is_opaque_type) X(OpaqueBase) X(external_objects) X(set_external_object) X(weakref_ref) \
-    X(compiled_autograd) X(str_compiled_autograd_enabled) \
     X(SavedHooksGuardType) X(SerializableCallType) X(ParamsPrependType) X(DisabledCallType) X(top_saved_hooks) X(GraphModule) \
     X(str_external_objects) X(str_copy) X(str_debug_assert) X(str_compiled_fn) X(str_to_save) \
     X(str_non_differentiable) X(str_materialize_non_diff_grads)           \

@@ -151,14 +151,11 @@ typedef struct rt_state {
      * the registry above (2.14). */
     PyObject *set_external_object;
     PyObject *weakref_ref;                /* weakref.ref */
-    /* The C++ node (torch_cpp_api.h node_apply): compiled autograd's module,
-     * read per call for compiled_autograd_enabled, and per-call counts of
-     * CompiledFunction calls by node decision (RT_NODE_TAKEN or why not). */
-    PyObject *compiled_autograd;          /* torch._dynamo.compiled_autograd */
     /* Dynamo's saved-tensor-hooks guard (saved_hooks_guard.c) */
     PyObject *top_saved_hooks;            /* torch._C._autograd._top_saved_tensors_default_hooks */
     PyObject *GraphModule;                /* torch.fx.GraphModule */
-    PyObject *str_compiled_autograd_enabled;
+    /* per-call counts of CompiledFunction calls by C++ node decision
+     * (torch_cpp_api.h node_apply: RT_NODE_TAKEN or why not) */
     Py_ssize_t node_counts[RT_NODE_N_DECLINED];
     Py_ssize_t epi_counts[RT_EPI_N_ROUTES];
     /* torch._dynamo.disable's wrapper (dynamo_disable.c) */

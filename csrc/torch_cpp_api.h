@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define RT_CPP_API_VERSION 5
+#define RT_CPP_API_VERSION 6
 #define RT_CPP_CAPSULE_NAME "torch_aot_rt._torch_cpp.api"
 
 typedef struct rt_cpp_api {
@@ -46,8 +46,7 @@ typedef struct rt_cpp_api {
      * *args) under no-grad, outputs wrapped by torch's _wrap_outputs, tensors
      * saved as SavedVariable; at backward the node calls
      * cls.backward(node, grads) (PyNode::apply + apply_boxed). The caller has
-     * checked that no functorch transform is active and that compiled
-     * autograd is off. Returns the outputs (new reference); NULL with an
+     * checked that no functorch transform is active. Returns the outputs (new reference); NULL with an
      * exception set; or NULL with no exception and *declined set to an
      * rt_node_declined reason, before anything observable happened (the
      * caller then runs upstream's Function.apply). */
@@ -148,7 +147,6 @@ enum rt_node_declined {
     RT_NODE_FORWARD_AD,       /* an input carries a forward-mode gradient */
     /* decided by the C core before node_apply */
     RT_NODE_FUNCTORCH,        /* a functorch transform is active */
-    RT_NODE_COMPILED_AUTOGRAD, /* compiled autograd is on: it needs upstream's node */
     RT_NODE_N_DECLINED
 };
 

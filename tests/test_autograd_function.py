@@ -1413,9 +1413,10 @@ def test_forward_backward_introspection(aspect):
 
 
 def test_compiled_autograd_key():
-    """The key compiled autograd reads from a CompiledFunction node. The C++
-    node does not have one: a forward while compiled autograd is enabled
-    gets upstream's node (counted), which has."""
+    """The key compiled autograd reads from a CompiledFunction node
+    (``ctx._compiled_autograd_key()``: the backward class's id and the saved
+    symints), on the C++ node as on upstream's, with compiled autograd
+    enabled around the forward."""
     from torch._dynamo import compiled_autograd
 
     keys = {}
@@ -1427,10 +1428,14 @@ def test_compiled_autograd_key():
             with compiled_autograd._enable(torch.compile(backend="eager")):
                 out = g(leaf(5, 3), leaf(3))
         if use_c and T.cpp_node_in_use():
-            assert T.node_stats_delta(before) == {"compiled autograd enabled": 1}
-        (cls,) = T.check_classes(out, use_c, expect=1, cpp_node=False)
-        key = cls._compiled_autograd_key(out[0].grad_fn)
+            assert T.node_stats_delta(before) == {"taken": 1}
+        (cls,) = T.check_classes(out, use_c, expect=1)
+        gf = out[0].grad_fn
+        key = cls._compiled_autograd_key(gf)
         assert isinstance(key, tuple) and all(type(k) is int for k in key), key
+        assert gf._compiled_autograd_key() == key
+        assert key[0] == type(gf)._autograd_function_id if not use_c or not T.cpp_node_in_use() \
+            else key[0] == cls._backward_cls._autograd_function_id
         keys[use_c] = (len(key), key[1:])
         out[0].sum().backward()
     assert keys[False] == keys[True], keys
@@ -1848,8 +1853,8 @@ def test_compiled_autograd_backward_state():
         with T.c_runtime(use_c):
             with compiled_autograd._enable(torch.compile(backend="aot_eager")):
                 out = torch.compile(f, backend="aot_eager")(x, w)
-                # a BackwardState input: never the C++ node (decided at build)
-                classes = T.check_classes(out, use_c, expect=1, cpp_node=False)
+                # a BackwardState input: the C++ node keeps it as the ctx does
+                classes = T.check_classes(out, use_c, expect=1)
                 state = out.grad_fn._compiled_autograd_backward_state
                 out.backward()
         results[use_c] = (D.TensorValue(x.grad), D.TensorValue(w.grad), len(classes),

@@ -254,26 +254,20 @@ def _backward_plan(cls, spec, rng_state, backward_compiler, lazy_backward_impl,
     )
 
 
-def _node_allowed(cls, spec, release) -> bool:
+def _node_allowed(cls, release) -> bool:
     """Whether calls may take the C++ autograd node (csrc/cpp/compiled_node.cpp),
     decided at build: the class's backward takes the grads as the release's
     node gives them (boxed, apply_boxed, where the class has boxed_grads_call:
     2.13 on; unboxed, ctx.apply(*grads), on 2.11/2.12) and the C++ part in use
-    was built to call it so; not for a graph whose backward needs compiled
-    autograd (a BackwardState input), nor while Dynamo is set to trace
-    backwards with it. The rest is decided per call, where the C++ part is
-    loaded."""
-    import torch._dynamo.config as dynamo_config
-
+    was built to call it so. Compiled autograd takes the node as it takes
+    upstream's PyNode (csrc/cpp/compiled_node_compiled_autograd.cpp), a
+    graph with a BackwardState input included. The rest is decided per
+    call, where the C++ part is loaded."""
     from . import _cpp
 
     boxed = bool(release.boxed_backward)
-    return (
-        (getattr(cls, "boxed_grads_call", False) is True) == boxed
-        and _cpp.node_backward_boxed() in (None, boxed)
-        and not spec.backward_state_indices
-        and not dynamo_config.compiled_autograd
-    )
+    class_boxed = getattr(cls, "boxed_grads_call", False) is True
+    return class_boxed == boxed and _cpp.node_backward_boxed() in (None, boxed)
 
 
 def install_c_function(cls, spec, release):
@@ -326,7 +320,7 @@ def install_c_function(cls, spec, release):
         apply = _C.FunctionApply(
             cls,
             apply_is_base=release.function_apply_is_base,
-            node=_node_allowed(cls, spec, release),
+            node=_node_allowed(cls, release),
         )
     except (AttributeError, KeyError) as e:
         raise Unsupported(f"CompiledFunction: torch internals differ: {e!r}") from None

@@ -32,7 +32,7 @@ variable_list CompiledFunctionNode::apply(variable_list&& inputs) {
   GilAcquire gil;
   at::OptionalDeviceGuard device_guard;
   CompiledFunctionState& st = state();
-  THPObjectPtr self(torch::autograd::functionToPyObject(getptr()));
+  THPObjectPtr self(face_ref());
   if (!self) {
     throw_python_error();
   }
@@ -136,6 +136,14 @@ variable_list CompiledFunctionNode::apply(variable_list&& inputs) {
   return to_variable_list(r.get());
 }
 
+PyObject* CompiledFunctionNode::face_ref() const {
+#if RT_NODE_INTRUSIVE
+  return torch::autograd::functionToPyObject(const_cast<CompiledFunctionNode*>(this)->getptr());
+#else
+  return Py_NewRef(face);
+#endif
+}
+
 variable_list CompiledFunctionNode::to_variable_list(PyObject* grads) const {
   const auto n = PyTuple_GET_SIZE(grads);
   variable_list results;
@@ -169,7 +177,8 @@ constexpr Py_ssize_t kStackArgs = 16;
 // Why a call cannot be exactly upstream's with this node (checked before
 // anything observable happens), or RT_NODE_TAKEN.
 int decline_reason(PyObject* args, variable_list& input_vars,
-                   c10::SmallVector<bool, 8>& is_variable_input, bool& any_requires_grad) {
+                   c10::SmallVector<bool, 8>& is_variable_input,
+                   c10::SmallVector<bool, 8>& needs_input_grad, bool& any_requires_grad) {
   if (torch::jit::tracer::isTracing()) {
     return RT_NODE_JIT_TRACING;  // _trace_pre_record/_trace_post_record
   }
@@ -181,10 +190,12 @@ int decline_reason(PyObject* args, variable_list& input_vars,
   const Py_ssize_t n = PyTuple_GET_SIZE(args);
   input_vars.reserve(static_cast<size_t>(n));
   is_variable_input.reserve(static_cast<size_t>(n));
+  needs_input_grad.reserve(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject* arg = PyTuple_GET_ITEM(args, i);
     if (!THPVariable_Check(arg)) {
       is_variable_input.push_back(false);
+      needs_input_grad.push_back(false);
       continue;
     }
     if (!THPVariable_CheckExact(arg)) {
@@ -200,6 +211,7 @@ int decline_reason(PyObject* args, variable_list& input_vars,
       return RT_NODE_FORWARD_AD;
     }
     is_variable_input.push_back(true);
+    needs_input_grad.push_back(t.requires_grad());
     any_requires_grad |= t.requires_grad();
     input_vars.push_back(t);
   }
@@ -291,6 +303,14 @@ PyObject* process_outputs(const NodePtr<CompiledFunctionNode>& node,
   }
   node->clear_input_metadata();
   CompiledFunctionState& st = node->state();
+  // type, device and size of the tensor inputs, for compiled autograd
+  if (is_executable) {
+    st.input_info.clear();
+    st.input_info.reserve(input_vars.size());
+    for (const auto& var : input_vars) {
+      st.input_info.emplace_back(var);
+    }
+  }
   auto to_save = tensors_to_save(st, is_executable);
 
   auto non_differentiable = parse_non_differentiable(st);
@@ -397,8 +417,10 @@ PyObject* rt_node_apply(PyObject* cls, PyObject* args, int* declined) noexcept {
   HANDLE_TH_ERRORS
   variable_list input_vars;
   c10::SmallVector<bool, 8> is_variable_input;
+  c10::SmallVector<bool, 8> needs_input_grad;
   bool any_requires_grad = false;
-  *declined = decline_reason(args, input_vars, is_variable_input, any_requires_grad);
+  *declined = decline_reason(args, input_vars, is_variable_input, needs_input_grad,
+                             any_requires_grad);
   if (*declined != RT_NODE_TAKEN) {
     return nullptr;
   }
@@ -418,6 +440,7 @@ PyObject* rt_node_apply(PyObject* cls, PyObject* args, int* declined) noexcept {
     node->set_next_edges(torch::autograd::collect_next_edges(input_vars));
   }
   node->state().is_variable_input = std::move(is_variable_input);
+  node->state().needs_input_grad = std::move(needs_input_grad);
   node->state().forward_cls = Py_NewRef(cls);
 
   THPObjectPtr ctx(torch::autograd::functionToPyObject(node));

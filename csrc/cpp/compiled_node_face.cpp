@@ -7,6 +7,8 @@
 // ownership (compiled_node_face_owned.cpp). See node_ptr.h.
 #include "compiled_node_impl.h"
 
+#include <torch/csrc/utils/pybind.h>
+
 #include <cstring>
 
 using namespace rt_node;
@@ -152,6 +154,104 @@ PyObject* apply_grads(PyObject* self, PyObject* args) {
 }
 #endif
 
+// THPFunction's needs_input_grad: per forward argument, whether it is a
+// tensor that requires grad (a tuple of bools, made on each read here; the
+// ctx keeps the one THPFunction_apply made).
+PyObject* get_needs_input_grad(PyObject* self, void* /*closure*/) {
+  const auto& bits = state_of_face(self).needs_input_grad;
+  PyObject* result = PyTuple_New(static_cast<Py_ssize_t>(bits.size()));
+  if (result == nullptr) {
+    return nullptr;
+  }
+  for (size_t i = 0; i < bits.size(); i++) {
+    PyTuple_SET_ITEM(result, static_cast<Py_ssize_t>(i), PyBool_FromLong(bits[i]));
+  }
+  return result;
+}
+
+// THPFunction_get/set_compiled_autograd_backward_state: None while unset;
+// set once (the forward's BackwardState).
+PyObject* get_backward_state(PyObject* self, void* /*closure*/) {
+  PyObject* value = state_of_face(self).compiled_autograd_backward_state;
+  return Py_NewRef(value ? value : Py_None);
+}
+
+int set_backward_state(PyObject* self, PyObject* value, void* /*closure*/) {
+  HANDLE_TH_ERRORS
+  PyObject*& field = state_of_face(self).compiled_autograd_backward_state;
+  TORCH_INTERNAL_ASSERT(field == nullptr);
+  if (value == nullptr) {  // upstream's setter would take a reference to NULL
+    PyErr_SetString(PyExc_AttributeError,
+                    "cannot delete attribute '_compiled_autograd_backward_state'");
+    return -1;
+  }
+  field = Py_NewRef(value);
+  return 0;
+  END_HANDLE_TH_ERRORS_RET(-1)
+}
+
+// dirty_tensors: CompiledFunction's forward marks nothing dirty
+PyObject* get_none(PyObject* /*self*/, void* /*closure*/) {
+  Py_RETURN_NONE;
+}
+
+// THPFunction__raw_saved_tensors: the saved variables themselves, as
+// torch._C._autograd.SavedTensor (their register_hooks), referencing them.
+PyObject* get_raw_saved_tensors(PyObject* self, void* /*closure*/) {
+  HANDLE_TH_ERRORS
+  const CompiledFunctionState& st = state_of_face(self);
+  TORCH_CHECK(!st.has_freed_buffers, torch::autograd::ERR_BACKWARD_TWICE);
+  const auto& saved = st.saved_variables;
+  THPObjectPtr result(PyTuple_New(static_cast<Py_ssize_t>(saved.size())));
+  if (!result) {
+    return nullptr;
+  }
+  for (size_t i = 0; i < saved.size(); i++) {
+    py::object obj = py::cast(saved[i], py::return_value_policy::reference);
+    PyTuple_SET_ITEM(result.get(), static_cast<Py_ssize_t>(i), obj.release().ptr());
+  }
+  return result.release();
+  END_HANDLE_TH_ERRORS
+}
+
+// The ctx's _autograd_function_id, a class attribute of the ctx's type
+// (FunctionMeta gives each backward class its own): here the type is not
+// the class, so read from it, CompiledFunction._backward_cls.
+PyObject* get_autograd_function_id(PyObject* self, void* /*closure*/) {
+  THPObjectPtr backward_cls(
+      PyObject_GetAttrString(state_of_face(self).forward_cls, "_backward_cls"));
+  if (!backward_cls) {
+    return nullptr;
+  }
+  return PyObject_GetAttrString(backward_cls.get(), "_autograd_function_id");
+}
+
+// BackwardCFunction._compiled_autograd_key (torch/autograd/function.py):
+// self._forward_cls._compiled_autograd_key(self), which PyNode's (and this
+// node's) compiled_args calls.
+PyObject* compiled_autograd_key(PyObject* self, PyObject* /*noargs*/) {
+  return PyObject_CallMethod(state_of_face(self).forward_cls, "_compiled_autograd_key", "O",
+                             self);
+}
+
+// THPFunction_get_compiled_autograd_symints: the symints compiled_args read
+// from the key (while compiled autograd traces, the proxies it swapped in,
+// as Python SymInts).
+PyObject* get_compiled_autograd_symints(PyObject* self, PyObject* /*noargs*/) {
+  HANDLE_TH_ERRORS
+  const auto& symints = state_of_face(self).compiled_autograd_symints;
+  THPObjectPtr result(PyTuple_New(static_cast<Py_ssize_t>(symints.size())));
+  if (!result) {
+    return nullptr;
+  }
+  for (size_t i = 0; i < symints.size(); i++) {
+    PyTuple_SET_ITEM(result.get(), static_cast<Py_ssize_t>(i),
+                     py::cast(symints[i]).release().ptr());
+  }
+  return result.release();
+  END_HANDLE_TH_ERRORS
+}
+
 #define RT_DICT_ATTR(name, field)                                                   \
   {(char*)name, get_dict_attr<&CompiledFunctionState::field>,                       \
    set_attr<&CompiledFunctionState::field>, nullptr, (void*)name}
@@ -175,11 +275,21 @@ PyGetSetDef ctx_properties[] = {
     RT_DICT_ATTR("_external_objects", external_objects),
     {(char*)"_materialize_non_diff_grads", get_materialize_non_diff_grads,
      set_materialize_non_diff_grads, nullptr, nullptr},
+    {(char*)"needs_input_grad", get_needs_input_grad, nullptr, nullptr, nullptr},
+    {(char*)"_compiled_autograd_backward_state", get_backward_state, set_backward_state, nullptr,
+     nullptr},
+    {(char*)"_autograd_function_id", get_autograd_function_id, nullptr, nullptr, nullptr},
+    {(char*)"_raw_saved_tensors", get_raw_saved_tensors, nullptr, nullptr, nullptr},
+    {(char*)"dirty_tensors", get_none, nullptr, nullptr, nullptr},
+    {(char*)"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
 PyMethodDef ctx_methods[] = {
     {(char*)"maybe_clear_saved_tensors", maybe_clear_saved_tensors, METH_NOARGS, nullptr},
+    {(char*)"_compiled_autograd_key", compiled_autograd_key, METH_NOARGS, nullptr},
+    {(char*)"_get_compiled_autograd_symints", get_compiled_autograd_symints, METH_NOARGS,
+     nullptr},
     {(char*)"apply", apply_grads, METH_VARARGS, nullptr},
 #if RT_NODE_BOXED_BACKWARD
     {(char*)"apply_boxed", apply_boxed, METH_O, nullptr},
@@ -371,6 +481,7 @@ PyMethodDef node_methods[] = {
 // which is where this ownership is spelled. (On shared_ptr headers, 2.11
 // and 2.12, the node owns its face instead: compiled_node_face_owned.cpp.)
 traverseproc torch_traverse = nullptr;
+destructor torch_dealloc = nullptr;
 
 int face_traverse(PyObject* self, visitproc visit, void* arg) {
   if (torch_traverse != nullptr) {
@@ -379,6 +490,7 @@ int face_traverse(PyObject* self, visitproc visit, void* arg) {
       return rc;
     }
   }
+  Py_VISIT(face_slots(self).dict);
   auto* face = reinterpret_cast<THPCppFunction*>(self);
   if (!face_owns_node(face)) {
     return 0;
@@ -389,12 +501,21 @@ int face_traverse(PyObject* self, visitproc visit, void* arg) {
 // THPFunction_clear + the __dict__ clear. forward_cls is kept (a class, as
 // the ctx keeps its type): the node's apply and the face's apply read it.
 int face_clear(PyObject* self) {
+  Py_CLEAR(face_slots(self).dict);
   auto* face = reinterpret_cast<THPCppFunction*>(self);
   if (!face_owns_node(face)) {
     return 0;
   }
   node_of(self)->state().clear_ctx_objects();
   return 0;
+}
+
+// subtype_dealloc's order: weak references and __dict__, then the base's
+// (THPCppFunction's, which untracks, releases the node and frees).
+void face_dealloc(PyObject* self) {
+  PyObject_GC_UnTrack(self);
+  face_slots_dealloc(self);
+  torch_dealloc(self);
 }
 
 }  // namespace
@@ -411,6 +532,14 @@ int rt_node::face_type_init() {
   torch_traverse = node_type.tp_traverse;
   node_type.tp_traverse = face_traverse;
   node_type.tp_clear = face_clear;
+  // FaceSlots after torch's layout: no face exists yet (functionToPyObject
+  // allocates each with tp_alloc, which reads tp_basicsize and zeroes the
+  // slots); CPython reads both offsets from the type at each use.
+  node_type.tp_basicsize = kFaceSlotsOffset + static_cast<Py_ssize_t>(sizeof(FaceSlots));
+  node_type.tp_weaklistoffset = kFaceWeaklistOffset;
+  node_type.tp_dictoffset = kFaceDictOffset;
+  torch_dealloc = node_type.tp_dealloc;
+  node_type.tp_dealloc = face_dealloc;
   PyType_Modified(&node_type);
   torch::autograd::registerCppFunction(typeid(CompiledFunctionNode), &node_type);
   return 0;

@@ -20,8 +20,12 @@
 //   / THPFunction_clear and subtype_traverse / subtype_clear do for the
 //   ctx's fields and __dict__; the saved variables and the node's hooks are
 //   not visited there, nor here;
-// - it takes weak references (the ctx is an instance of a Python class);
-//   it is not callable (a THPFunction is not).
+// - it takes weak references and has a __dict__ (the ctx is an instance
+//   of a Python class); it is not callable (a THPFunction is not);
+// - it starts with THPCppFunction's layout, its cdata a view of the node,
+//   and its type is registered as a C++ node's: torch's C++ that accepts a
+//   grad_fn (_will_engine_execute_node, a GradientEdge given to
+//   autograd.grad/backward) reads it as it reads a THPFunction's.
 #include "compiled_node_impl.h"
 
 #if !RT_NODE_INTRUSIVE
@@ -193,32 +197,38 @@ PyMethodDef face_methods[] = {
 // THPFunction_traverse + subtype_traverse (the ctx's type, its __dict__):
 // the ctx state's Python objects, whatever the node's other owners.
 int face_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(face_slots(self).dict);
   return state_of_face(self).traverse(visit, arg);
 }
 
 // THPFunction_clear + subtype_clear's __dict__. forward_cls is kept (a
 // class, as the ctx keeps its type until it is freed).
 int face_clear(PyObject* self) {
+  Py_CLEAR(face_slots(self).dict);
   CompiledFunctionState& st = state_of_face(self);
   st.clear_ctx_objects();
   st.saved_variables.clear();
   return 0;
 }
 
-// THPFunction_dealloc: only once the node is gone (it owns this object).
+// subtype_dealloc + THPFunction_dealloc: only once the node is gone (it
+// owns this object).
 void face_dealloc(PyObject* self) {
   PyObject_GC_UnTrack(self);
+  face_slots_dealloc(self);
   auto* face = reinterpret_cast<OwnedFace*>(self);
-  if (face->weakreflist != nullptr) {
-    PyObject_ClearWeakRefs(self);
-  }
   face->state.clear();
   std::destroy_at(&face->state);
   std::destroy_at(&face->cdata);
+  std::destroy_at(&face->cpp.cdata);
   Py_TYPE(self)->tp_free(self);
 }
 
 }  // namespace
+
+void rt_node::face_node_died(PyObject* face) {
+  reinterpret_cast<OwnedFace*>(face)->cpp.cdata.reset();
+}
 
 // THPFunction_apply: the ctx, then its PyNode owning it; the ctx's cdata.
 NodePtr<CompiledFunctionNode> rt_node::new_compiled_node() {
@@ -228,10 +238,11 @@ NodePtr<CompiledFunctionNode> rt_node::new_compiled_node() {
     return nullptr;
   }
   auto* face = reinterpret_cast<OwnedFace*>(obj);
+  // the aliasing constructor with no owner: a view of the node
+  new (&face->cpp.cdata) std::shared_ptr<Node>(std::shared_ptr<Node>(), node.get());
   new (&face->state) CompiledFunctionState();
   new (&face->cdata) WeakNodePtr<CompiledFunctionNode>(node);
-  face->weakreflist = nullptr;
-  node->face = obj;  // the reference tp_alloc gave
+  node->face = obj;  // the reference tp_alloc gave (slots zeroed by it)
   node->set_pyobj(obj);
   return node;
 }
@@ -246,12 +257,19 @@ int rt_node::face_type_init() {
   node_type.tp_dealloc = face_dealloc;
   node_type.tp_traverse = face_traverse;
   node_type.tp_clear = face_clear;
-  node_type.tp_weaklistoffset = offsetof(OwnedFaceHead, weakreflist);
+  node_type.tp_weaklistoffset = kFaceWeaklistOffset;
+  node_type.tp_dictoffset = kFaceDictOffset;
   node_type.tp_getset = properties.data();
   node_type.tp_methods = methods.data();
-  // Not registered with registerCppFunction: functionToPyObject finds the
-  // face as the node's pyobj(), set for the node's whole life.
-  return PyType_Ready(&node_type);
+  if (PyType_Ready(&node_type) < 0) {
+    return -1;
+  }
+  // A grad_fn for torch's C++ (THPCppFunction_Check: the registered types;
+  // upstream's ctx passes THPFunction_Check there instead, read through its
+  // own cdata.lock()). functionToPyObject never makes a face from this
+  // registration: it finds the node's pyobj(), set for the node's whole life.
+  torch::autograd::registerCppFunction(typeid(CompiledFunctionNode), &node_type);
+  return 0;
 }
 
 #endif  // !RT_NODE_INTRUSIVE

@@ -76,8 +76,11 @@ struct GilRelease {
 // THPCppFunction the node keeps alive), in the face on 2.11/2.12 (as
 // upstream's ctx, it outlives the node while referenced).
 struct CompiledFunctionState {
-  // inline for up to 8 forward arguments: no allocation per call
+  // inline for up to 8 forward arguments: no allocation per call.
+  // needs_input_grad: each argument is a tensor that requires grad (the
+  // tuple THPFunction_apply stores in ctx->needs_input_grad).
   c10::SmallVector<bool, 8> is_variable_input;
+  c10::SmallVector<bool, 8> needs_input_grad;
   std::vector<VariableInfo> output_info;
   std::vector<SavedVariable> saved_variables;
   bool has_freed_buffers = false;
@@ -96,6 +99,16 @@ struct CompiledFunctionState {
   PyObject* opaque_objects = nullptr;
   PyObject* external_objects = nullptr;
 
+  // What PyNode's compiled-autograd methods read from the THPFunction:
+  // the forward's tensor inputs as VariableInfo (recorded by every
+  // executable call, as process_outputs records ctx->input_info), the
+  // BackwardState the forward stores (ctx._compiled_autograd_backward_state)
+  // and the key's symints, which compiled_args (const, as PyNode's, which
+  // writes its ctx's) refreshes on every backward that collects the node.
+  std::vector<VariableInfo> input_info;
+  PyObject* compiled_autograd_backward_state = nullptr;
+  mutable std::vector<c10::SymInt> compiled_autograd_symints;
+
   // The GIL is held. Saved-tensor hooks hold Python objects.
   void clear() {
     saved_variables.clear();
@@ -112,6 +125,7 @@ struct CompiledFunctionState {
     Py_VISIT(symints);
     Py_VISIT(opaque_objects);
     Py_VISIT(external_objects);
+    Py_VISIT(compiled_autograd_backward_state);
     return 0;
   }
 
@@ -124,8 +138,14 @@ struct CompiledFunctionState {
     Py_CLEAR(symints);
     Py_CLEAR(opaque_objects);
     Py_CLEAR(external_objects);
+    Py_CLEAR(compiled_autograd_backward_state);
   }
 };
+
+#if !RT_NODE_INTRUSIVE
+// The owned face's view of its node ends (compiled_node_face_owned.cpp).
+void face_node_died(PyObject* face);
+#endif
 
 struct CompiledFunctionNode final : Node {
 #if RT_NODE_INTRUSIVE
@@ -155,6 +175,9 @@ struct CompiledFunctionNode final : Node {
 #if RT_NODE_INTRUSIVE
     state_.clear();
 #else
+    if (face != nullptr) {
+      face_node_died(face);  // it may outlive this node
+    }
     Py_CLEAR(face);  // ~PyNode: Py_DECREF(obj)
 #endif
   }
@@ -185,28 +208,56 @@ struct CompiledFunctionNode final : Node {
     state().has_freed_buffers = true;
   }
 
-  // Compiled autograd asks every node for its state; this node keeps it in
-  // C++ fields compiled autograd does not know. A CompiledFunction built
-  // while compiled autograd is on gets upstream's node instead (see
-  // node_apply); this error is for compiled autograd switched on between a
-  // forward and its backward.
-  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const override {
-    TORCH_CHECK_NOT_IMPLEMENTED(
-        false,
-        "torch_aot_rt: compiled autograd was enabled after the forward of a "
-        "torch.compile'd function ran with torch_aot_rt's C++ autograd node "
-        "(CompiledFunctionBackward); compiled autograd cannot trace that node. "
-        "Enable compiled autograd before the forward, or set TORCH_AOT_RT_CPP=0.");
-  }
+  // Compiled autograd (compiled_node_compiled_autograd.cpp): what PyNode
+  // does for a CompiledFunction's ctx.
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const override;
+  variable_list apply_with_saved(const variable_list& inputs,
+                                 torch::dynamo::autograd::SwapSavedVariables& saved) override;
 
   variable_list apply(variable_list&& inputs) override;
 
+  // The node's grad_fn, a new reference (functionToPyObject); null with a
+  // Python error. The GIL is held.
+  PyObject* face_ref() const;
+
  private:
+  variable_list apply_with_saved_impl(const variable_list& inputs,
+                                      const torch::dynamo::autograd::SwapSavedVariables& saved);
   variable_list to_variable_list(PyObject* grads) const;
 };
 
 // the grad_fn type (one per process; its layout is the face's, below)
 extern PyTypeObject node_type;
+
+// Both faces have THPCppFunction's layout first (PyObject_HEAD, cdata):
+// torch's C++ reads `cdata` of any object whose type is registered with
+// registerCppFunction (THPCppFunction_Check: _will_engine_execute_node,
+// parseGradientEdge). After it come the slots of a Python object that
+// upstream's ctx has and a C++ node's face lacks: weak references and a
+// __dict__ (FaceSlots, at sizeof(THPCppFunction) on both faces).
+struct FaceSlots {
+  PyObject* weakreflist;
+  PyObject* dict;
+};
+static_assert(sizeof(THPCppFunction) % alignof(FaceSlots) == 0,
+              "FaceSlots follow THPCppFunction without padding");
+inline constexpr Py_ssize_t kFaceSlotsOffset = sizeof(THPCppFunction);
+inline FaceSlots& face_slots(PyObject* self) {
+  return *reinterpret_cast<FaceSlots*>(reinterpret_cast<char*>(self) + kFaceSlotsOffset);
+}
+// The type slots for them (tp_weaklistoffset, tp_dictoffset) and the
+// __dict__ getset (ctx_properties has it).
+inline constexpr Py_ssize_t kFaceWeaklistOffset = kFaceSlotsOffset + offsetof(FaceSlots, weakreflist);
+inline constexpr Py_ssize_t kFaceDictOffset = kFaceSlotsOffset + offsetof(FaceSlots, dict);
+// What a face's dealloc does for them first (subtype_dealloc's order),
+// and its traverse and clear.
+inline void face_slots_dealloc(PyObject* self) {
+  FaceSlots& slots = face_slots(self);
+  if (slots.weakreflist != nullptr) {
+    PyObject_ClearWeakRefs(self);
+  }
+  Py_CLEAR(slots.dict);
+}
 
 #if RT_NODE_INTRUSIVE
 // the node behind a grad_fn of node_type: the face owns it
@@ -222,14 +273,15 @@ inline NodePtr<Node> node_ref_of_face(PyObject* self) {
   return node_of(self)->getptr();
 }
 #else
-// THPFunction's shape: the state, and a weak pointer to the node, which
+// THPFunction's ownership: the state, and a weak pointer to the node, which
 // owns this object (python_function.h: cdata, "guaranteed that
-// cdata.lock()->obj == this" while the node lives).
-struct OwnedFaceHead {  // plain C first: tp_weaklistoffset is offsetof here
-  PyObject_HEAD
-  PyObject* weakreflist;
-};
-struct OwnedFace : OwnedFaceHead {
+// cdata.lock()->obj == this" while the node lives). Its THPCppFunction
+// prefix holds a non-owning view of the node for torch's readers (reset
+// when the node dies: they then see no node, as THPFunction's expired
+// cdata.lock() gives them).
+struct OwnedFace {
+  THPCppFunction cpp;
+  FaceSlots slots;
   CompiledFunctionState state;
   WeakNodePtr<CompiledFunctionNode> cdata;
 };
