@@ -226,3 +226,25 @@ def test_no_grad_forward():
         return _values([y0, y1, loss.detach()]) + _grads(module)
 
     differential(program, "around")
+
+
+def test_backward_saved_by_the_cache_error():
+    """A CompiledFunction without its lazy-backward info (what
+    AOTAutogradCache loads): compiled autograd refuses it with upstream's
+    error (its set_node_origin's), on the C++ node as on upstream's."""
+
+    def program(enable, how):
+        cm = torch.compile(mlp(), backend="aot_eager")
+        loss = cm(batch(0)).sum()
+        (cls,) = T.compiled_function_classes([loss])
+        cls._lazy_backward_info = None
+        with enable():
+            return T._safe(loss.backward)
+
+    off, _ = _run(program, False, "backward_only")
+    on, delta = _run(program, True, "backward_only")
+    D.assert_same(off, on)
+    assert off["observed"]["type"] == "RuntimeError", off
+    assert "AOTAutogradCache" in off["observed"]["message"], off
+    if T.cpp_node_in_use():
+        assert delta == {"taken": 1}, delta

@@ -169,6 +169,14 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_dynamo/guards.py", (
         "GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS",
     )),
+    ("_dynamo/compiled_autograd.py", (
+        # csrc/cpp/compiled_node_compiled_autograd.cpp: what compiled
+        # autograd's compiler does with a CompiledFunction node's ctx (the
+        # arguments it is called with, what it reads, the origin check)
+        "AutogradCompilerInstance.proxy_call_backward",
+        "AutogradCompilerInstance.proxy_call_aot_backward",
+        "AutogradCompilerInstance.set_node_origin",
+    )),
     ("_dynamo/eval_frame.py", (
         # csrc/dynamo_disable.c
         "DisableContext",

@@ -305,11 +305,7 @@ PyObject* process_outputs(const NodePtr<CompiledFunctionNode>& node,
   CompiledFunctionState& st = node->state();
   // type, device and size of the tensor inputs, for compiled autograd
   if (is_executable) {
-    st.input_info.clear();
-    st.input_info.reserve(input_vars.size());
-    for (const auto& var : input_vars) {
-      st.input_info.emplace_back(var);
-    }
+    st.record_inputs(input_vars);
   }
   auto to_save = tensors_to_save(st, is_executable);
 

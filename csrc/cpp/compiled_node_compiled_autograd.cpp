@@ -127,7 +127,7 @@ void CompiledFunctionNode::compiled_args(CompiledNodeArgs& args) const {
   args.collect(true);  // needs_input_grad: the tuple is set by every forward
   args.collect(st.materialize_non_diff_grads);
   args.collect(st.output_info);
-  args.collect(st.input_info);
+  args.collect(st.input_info());
 
   c10::SafePyObject backward_obj(face.release(), getPyInterpreter());
   std::optional<c10::SafePyObject> backward_state_obj;
@@ -160,22 +160,56 @@ void CompiledFunctionNode::compiled_args(CompiledNodeArgs& args) const {
                            std::move(opaque_objs));
 }
 
+// Compiled autograd's capture calls py_compiler.set_node_origin(name, i,
+// ctx) before each node's hooks and apply_with_saved, with the ctx only for
+// a PyNode (a dynamic_cast, to a type libtorch_python does not export), None
+// for this node. With the ctx it raises for a CompiledFunction whose
+// backward AOTAutogradCache saved without its lazy-backward info; that check
+// is made here, before the trace, by the same method with the face. (With
+// None it labels the traced nodes' stack traces without the AOT id:
+// docs/compatibility.md.)
+void check_node_origin(PyObject* py_compiler, PyObject* forward_cls, PyObject* face) {
+  THPObjectPtr lazy(PyObject_GetAttrString(forward_cls, "_lazy_backward_info"));
+  if (!lazy) {
+    throw_python_error();
+  }
+  if (!Py_IsNone(lazy.get()) || PyObject_HasAttrString(forward_cls, "_aot_id") != 1) {
+    return;
+  }
+  THPObjectPtr name(PyUnicode_FromString(kNodeName));
+  if (!name) {
+    throw_python_error();
+  }
+  THPObjectPtr r(PyObject_CallMethod(py_compiler, "set_node_origin", "OIO", name.get(), 0u, face));
+  if (!r) {
+    throw_python_error();
+  }
+}
+
 // PyNode::apply_with_saved: the collected state swapped for the trace's
 // proxies around the trace, in compiled_args' order.
 variable_list CompiledFunctionNode::apply_with_saved(const variable_list& inputs,
                                                      SwapSavedVariables& saved) {
   CompiledFunctionState& st = state();
+  {
+    GilAcquire gil;
+    THPObjectPtr face(face_ref());
+    if (!face) {
+      throw_python_error();
+    }
+    check_node_origin(saved.get_py_compiler(), st.forward_cls, face.get());
+  }
   saved.before(st.compiled_autograd_symints);
   saved.before(st.saved_variables);
   saved.before(st.materialize_non_diff_grads);
   saved.before(st.output_info);
-  saved.before(st.input_info);
+  saved.before(st.input_info());
   variable_list result = apply_with_saved_impl(inputs, saved);
   saved.after(st.compiled_autograd_symints);
   saved.after(st.saved_variables);
   saved.after(st.materialize_non_diff_grads);
   saved.after(st.output_info);
-  saved.after(st.input_info);
+  saved.after(st.input_info());
   return result;
 }
 
@@ -219,7 +253,8 @@ variable_list CompiledFunctionNode::apply_with_saved_impl(const variable_list& i
   // their metadata: (layout, device, dtype, size) per tensor input, None
   // for the others.
   const auto& is_variable_input = st.is_variable_input;
-  TORCH_INTERNAL_ASSERT(is_variable_input.size() >= st.input_info.size());
+  const auto& input_info = st.input_info();
+  TORCH_INTERNAL_ASSERT(is_variable_input.size() >= input_info.size());
   THPObjectPtr fwd_input_metadatas(PyTuple_New(static_cast<Py_ssize_t>(is_variable_input.size())));
   if (!fwd_input_metadatas) {
     throw_python_error();
@@ -231,7 +266,7 @@ variable_list CompiledFunctionNode::apply_with_saved_impl(const variable_list& i
       offset++;
       continue;
     }
-    const VariableInfo& info = st.input_info[i - offset];
+    const VariableInfo& info = input_info[i - offset];
     THPObjectPtr device(THPDevice_New(info.device));
     if (!device) {
       throw_python_error();

@@ -100,14 +100,63 @@ struct CompiledFunctionState {
   PyObject* external_objects = nullptr;
 
   // What PyNode's compiled-autograd methods read from the THPFunction:
-  // the forward's tensor inputs as VariableInfo (recorded by every
-  // executable call, as process_outputs records ctx->input_info), the
-  // BackwardState the forward stores (ctx._compiled_autograd_backward_state)
-  // and the key's symints, which compiled_args (const, as PyNode's, which
-  // writes its ctx's) refreshes on every backward that collects the node.
-  std::vector<VariableInfo> input_info;
+  // the forward's tensor inputs as VariableInfo (ctx->input_info, which
+  // process_outputs records on every executable call; here recorded flat
+  // and inline, with no allocation per call, and made VariableInfos by
+  // input_info() the first time compiled autograd asks), the BackwardState
+  // the forward stores (ctx._compiled_autograd_backward_state) and the
+  // key's symints, which compiled_args (const, as PyNode's, which writes
+  // its ctx's) refreshes on every backward that collects the node.
+  struct InputMeta {
+    at::Layout layout;
+    at::Device device;
+    at::ScalarType scalar_type;
+    bool requires_grad;
+    size_t ndim;
+  };
+  c10::SmallVector<InputMeta, 8> input_meta;
+  c10::SmallVector<c10::SymInt, 16> input_sizes;  // every input's, in order
   PyObject* compiled_autograd_backward_state = nullptr;
   mutable std::vector<c10::SymInt> compiled_autograd_symints;
+
+  // VariableInfo(var) of each tensor input, as recorded
+  void record_inputs(const variable_list& vars) {
+    input_meta.clear();
+    input_sizes.clear();
+    input_meta.reserve(vars.size());
+    for (const auto& var : vars) {
+      const auto sizes = var.sym_sizes();
+      input_meta.push_back(
+          {var.layout(), var.device(), var.scalar_type(), var.requires_grad(), sizes.size()});
+      input_sizes.append(sizes.begin(), sizes.end());
+    }
+    input_info_.reset();
+  }
+
+  std::vector<VariableInfo>& input_info() const {
+    if (!input_info_.has_value()) {
+      std::vector<VariableInfo> infos;
+      infos.reserve(input_meta.size());
+      size_t at = 0;
+      for (const InputMeta& m : input_meta) {
+        VariableInfo& info = infos.emplace_back();
+        info.layout = m.layout;
+        info.device = m.device;
+        info.scalar_type = m.scalar_type;
+        info.size.assign(input_sizes.begin() + at, input_sizes.begin() + at + m.ndim);
+        info.requires_grad = m.requires_grad;
+        info.is_empty = false;
+        at += m.ndim;
+      }
+      input_info_ = std::move(infos);
+    }
+    return *input_info_;
+  }
+
+ private:
+  mutable std::optional<std::vector<VariableInfo>> input_info_;
+
+ public:
 
   // The GIL is held. Saved-tensor hooks hold Python objects.
   void clear() {
