@@ -248,3 +248,45 @@ def test_backward_saved_by_the_cache_error():
     assert "AOTAutogradCache" in off["observed"]["message"], off
     if T.cpp_node_in_use():
         assert delta == {"taken": 1}, delta
+
+
+def test_no_leak_over_many_backwards():
+    """Compiled autograd's cache hits over many steps (compiled_args on the
+    node every backward, the face and its BackwardState-less state as hooks
+    of the graph): reference counts of the parameters and the number of live
+    tensors and grad_fn objects stay flat."""
+    import gc
+    import sys
+    import warnings
+
+    from torch._dynamo import compiled_autograd
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    module = mlp()
+    with T.c_runtime(True):
+        cm = torch.compile(module, backend="aot_eager")
+        x = batch(0)
+
+        def step():
+            loss = cm(x).sum()
+            with compiled_autograd._enable(torch.compile(backend="eager")):
+                loss.backward()
+            module.zero_grad(set_to_none=True)
+
+        def live():
+            gc.collect()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                objs = gc.get_objects()
+            return (sum(1 for o in objs if isinstance(o, torch.Tensor)),
+                    sum(1 for o in objs if type(o).__name__ == "CompiledFunctionBackward"),
+                    [sys.getrefcount(p) for p in module.parameters()])
+
+        for _ in range(3):
+            step()
+        before = live()
+        for _ in range(200):
+            step()
+        after = live()
+    assert after == before, (before, after)
