@@ -238,8 +238,7 @@ NodePtr<CompiledFunctionNode> rt_node::new_compiled_node() {
     return nullptr;
   }
   auto* face = reinterpret_cast<OwnedFace*>(obj);
-  // the aliasing constructor with no owner: a view of the node
-  new (&face->cpp.cdata) std::shared_ptr<Node>(std::shared_ptr<Node>(), node.get());
+  new (&face->cpp.cdata) NodePtr<Node>(node_view(node.get()));
   new (&face->state) CompiledFunctionState();
   new (&face->cdata) WeakNodePtr<CompiledFunctionNode>(node);
   node->face = obj;  // the reference tp_alloc gave (slots zeroed by it)

@@ -59,6 +59,13 @@ template <class T>
 NodePtr<T> make_node() {
   return NodePtr<T>(new T(), torch::autograd::deleteNode);
 }
+
+// A pointer to a node that owns nothing (the aliasing constructor, no
+// owner): the THPCppFunction::cdata of a face its node owns
+// (compiled_node_face_owned.cpp), reset before the node dies.
+inline NodePtr<torch::autograd::Node> node_view(torch::autograd::Node* node) {
+  return NodePtr<torch::autograd::Node>(NodePtr<torch::autograd::Node>(), node);
+}
 #endif
 
 // Who owns whom between the node and its Python face (grad_fn), and where
