@@ -177,3 +177,36 @@ def test_raw_saved_tensor_hooks():
 
     r = both(run)
     assert r[0] == ["pack", "unpack"], r
+
+
+def test_module_full_backward_hooks():
+    """torch.utils.hooks.BackwardHook (a module's full backward hooks and
+    pre-hooks) around a module whose forward calls the compiled function:
+    it wraps the outputs, whose grad_fn is the compiled node, and hooks it."""
+
+    class Outer(torch.nn.Module):
+        def __init__(self, f):
+            super().__init__()
+            self.f = f
+
+        def forward(self, x, w):
+            return self.f(x, w)
+
+    def run(use_c):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        x, w = T.leaf(3, 4), T.leaf(3, 4)
+        with T.c_runtime(use_c):
+            outer = Outer(torch.compile(three, backend="aot_eager"))
+            calls = []
+            outer.register_full_backward_pre_hook(
+                lambda m, go: calls.append(("pre", [g is None for g in go])))
+            outer.register_full_backward_hook(
+                lambda m, gi, go: calls.append(("post", [g is None for g in gi])))
+            a, b, c = outer(x, w)
+        T.check_classes((a, b, c), use_c, expect=1)
+        (a.sum() + c.sum()).backward()
+        return calls, _grads((x, w))
+
+    r = both(run)
+    assert [k for k, _ in r[0]] == ["pre", "post"], r
