@@ -49,10 +49,21 @@ def listdir(folder, suffix):
     return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(suffix))
 
 
+# The C core's files: csrc/ (the module, the door to torch, what every layer
+# shares) and one folder per layer of a compiled call it mirrors; csrc/cpp/
+# is the C++ part's. Includes name files from csrc/ ("aot/epilogue.h").
+C_CORE_FOLDERS = ("csrc", os.path.join("csrc", "dynamo"), os.path.join("csrc", "aot"))
+
+
+def c_core_files(suffix):
+    return [f for folder in C_CORE_FOLDERS for f in listdir(folder, suffix)]
+
+
 c_core = Extension(
     "torch_aot_rt._C",
-    sources=listdir("csrc", ".c"),
-    depends=listdir("csrc", ".h"),
+    sources=c_core_files(".c"),
+    depends=c_core_files(".h"),
+    include_dirs=["csrc"],
     extra_compile_args=["-std=c11", "-Wall", "-Wextra"] + common,
     extra_link_args=ldflags,
 )

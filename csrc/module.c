@@ -6,9 +6,10 @@
  * extension itself neither links nor imports torch at import time.
  */
 
-#include "autograd_common.h"
-#include "autograd_function.h"
-#include "runtime_wrapper.h"
+#include "fn_object.h"
+#include "aot/autograd_function.h"
+#include "aot/runtime_wrapper.h"
+#include "dynamo/dynamo.h"
 #include "torch_api.h"
 
 static PyObject *
@@ -125,7 +126,7 @@ module_exec(PyObject *module)
     if (PyModule_AddType(module, st->RuntimeWrapperType) < 0) {
         return -1;
     }
-    if (rt_autograd_types_init(module, st) < 0) {
+    if (rt_autograd_types_init(module, st) < 0 || rt_dynamo_types_init(module, st) < 0) {
         return -1;
     }
     return rt_wrapper_types_init(module);

@@ -18,10 +18,10 @@
 #include <Python.h>
 #include <stdbool.h>
 
-#include "alias_state.h"
-#include "dynamo_disable.h"
+#include "aot/alias_state.h"
+#include "dynamo/disable.h"
 #include "torch_cpp_api.h"
-#include "wrappers.h"
+#include "aot/wrappers.h"
 
 /* Tensor methods the epilogue calls, looked up on the class once. */
 enum rt_tensor_method {
@@ -111,7 +111,7 @@ typedef struct rt_state {
     PyTypeObject *SavedHooksGuardType;    /* saved_hooks_guard.c */
     PyTypeObject *SerializableCallType;   /* serializable_call.c */
     PyTypeObject *ParamsPrependType;      /* params_prepend.c */
-    PyTypeObject *DisabledCallType;       /* dynamo_disable.c */
+    PyTypeObject *DisabledCallType;       /* dynamo/disable.c */
     PyTypeObject *SubclassWrapperType;    /* subclass_wrapper.c */
     PyObject *str_tensor_unflatten;       /* __tensor_unflatten__ */
     PyObject *str_clear;                  /* clear */
@@ -158,7 +158,7 @@ typedef struct rt_state {
      * (torch_cpp_api.h node_apply: RT_NODE_TAKEN or why not) */
     Py_ssize_t node_counts[RT_NODE_N_DECLINED];
     Py_ssize_t epi_counts[RT_EPI_N_ROUTES];
-    /* torch._dynamo.disable's wrapper (dynamo_disable.c) */
+    /* torch._dynamo.disable's wrapper (dynamo/disable.c) */
     rt_disable_state disable;
     /* the other compiler wrappers (wrappers.h) */
     rt_wrappers_state wrappers;

@@ -89,7 +89,7 @@ typedef struct rt_cpp_api {
     int (*tensor_size_stride_equal)(PyObject *x, Py_ssize_t ndim, const int64_t *sizes,
                                     const int64_t *strides);
 
-    /* The runtime wrapper's epilogue (csrc/epilogue.c): the tensor methods
+    /* The runtime wrapper's epilogue (csrc/aot/epilogue.c): the tensor methods
      * upstream's _apply_input_mutations and gen_alias_from_base call, each
      * what its Python binding does once its arguments are parsed, for the
      * caller to offer only exact torch.Tensor / nn.Parameter arguments with

@@ -1,4 +1,4 @@
-"""gen_alias_from_base without a ViewMeta sequence, in C (csrc/alias_from_base.c).
+"""gen_alias_from_base without a ViewMeta sequence, in C (csrc/aot/alias_from_base.c).
 
 An output that aliases an input (or an intermediate) is regenerated from its
 base. Where no ViewMeta sequence is replayed (view replay off, a tensor

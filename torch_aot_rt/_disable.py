@@ -1,5 +1,5 @@
 """``torch._dynamo.disable``'s wrapper around the compiled backward, in C
-(``_C.DisabledCall``, csrc/dynamo_disable.c).
+(``_C.DisabledCall``, csrc/dynamo/disable.c).
 
 AOTAutograd's Dynamo backend wraps each compiled backward in
 ``torch._dynamo.disable``, so every backward call runs

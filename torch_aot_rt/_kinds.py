@@ -9,7 +9,7 @@ MUT_LEAF_STREAM_ERROR = 8
 # output kinds (_replay_output_aliases' handlers)
 OUT_PASS, OUT_IS_INPUT, OUT_ALIAS_OF_INPUT, OUT_ALIAS_OF_INTERMEDIATE = 0, 1, 2, 3
 
-# the subclass wrapper's instructions (csrc/subclass_wrapper.c enum sc_op)
+# the subclass wrapper's instructions (csrc/aot/subclass_wrapper.c enum sc_op)
 (SC_ARG, SC_NONE, SC_LOAD_CHECKED, SC_GETATTR, SC_APPEND_ATTR, SC_APPEND, SC_SIZE,
  SC_STRIDE, SC_OUT, SC_OPT_SKIP, SC_DICT, SC_TUPLE, SC_UNFLATTEN) = range(13)
 # how it returns the activations saved for backward after the outputs

@@ -27,7 +27,7 @@ import textwrap
 # each is noted beside it.
 MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_functorch/_aot_autograd/runtime_wrappers.py", (
-        # csrc/runtime_wrapper.c, csrc/epilogue.c, _plan.py: the runtime
+        # csrc/aot/runtime_wrapper.c, csrc/aot/epilogue.c, _plan.py: the runtime
         # wrapper, its generated source and the reference Python it mirrors
         "RuntimeWrapper",
         "NoopAliasHandler",
@@ -51,9 +51,9 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         # 2.11/2.12's reference runtime wrapper stamps dynamic dims with it
         "maybe_mark_dynamic_helper",
         "_disable_saved_tensors_hooks",
-        # csrc/serializable_call.c
+        # csrc/aot/serializable_call.c
         "SerializableCompiledFunction",
-        # csrc/compiled_forward.c, compiled_backward.c, autograd_function.c,
+        # csrc/aot/compiled_forward.c, compiled_backward.c, autograd_function.c,
         # _autograd_plan.py: CompiledFunction and how it is built
         "_snapshot_external_objects",
         "coerce_to_expected_memory_format",
@@ -72,7 +72,7 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_backward_epilogue_functional",
         "_AOTDispatchAutogradFunctionFactory",
         "AOTDispatchAutograd",
-        # csrc/*_wrapper.c, _wrappers.py: the other per-call compiler wrappers
+        # csrc/aot/*_wrapper.c, _wrappers.py: the other per-call compiler wrappers
         "AOTDedupeWrapper.remove_dupe_args",
         "AOTDedupeWrapper.add_dupe_args",
         "AOTDedupeWrapper.post_compile",
@@ -81,11 +81,11 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "FunctionalizedRngRuntimeWrapper.post_compile",
         "FakifiedOutWrapper.post_compile",
         "DebugAssertWrapper.post_compile",
-        # csrc/subclass_wrapper.c, _subclass.py: the subclass wrapper
+        # csrc/aot/subclass_wrapper.c, _subclass.py: the subclass wrapper
         "AOTDispatchSubclassWrapper",
     )),
     ("_functorch/_aot_autograd/subclass_codegen.py", (
-        # csrc/subclass_wrapper.c, _subclass.py: the generated subclass
+        # csrc/aot/subclass_wrapper.c, _subclass.py: the generated subclass
         # wrapper (the placeholder helpers are called at build)
         "_is_symint_placeholder",
         "_compute_placeholders",
@@ -105,7 +105,7 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "codegen_subclass_wrapper",
     )),
     ("_tensor.py", (
-        # csrc/dedupe_wrapper.c skips hashing plain tensors: id(self)
+        # csrc/aot/dedupe_wrapper.c skips hashing plain tensors: id(self)
         "Tensor.__hash__",
     )),
     ("_functorch/_aot_autograd/codegen.py", (
@@ -120,14 +120,14 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_compile_and_exec_source",
     )),
     ("_functorch/_aot_autograd/functional_utils.py", (
-        # csrc/epilogue.c: alias replay
+        # csrc/aot/epilogue.c: alias replay
         "gen_alias_from_base",
     )),
     ("_functorch/_aot_autograd/utils.py", (
         "make_boxed_func",
         "call_func_at_runtime_with_args",
         "normalize_as_list",
-        # _guards.py / csrc/saved_hooks_guard.c
+        # _guards.py / csrc/dynamo/saved_hooks_guard.c
         "top_saved_tensors_hooks",
         "saved_tensors_hooks_are_inlineable",
         # _prepend.py
@@ -144,7 +144,7 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "SubclassCreationMeta",
     )),
     ("_functorch/aot_autograd.py", (
-        # csrc/params_prepend.c: its forward closures
+        # csrc/aot/params_prepend.c: its forward closures
         "aot_module_simplified",
     )),
     ("autograd/grad_mode.py", (
@@ -154,7 +154,7 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "enable_grad",
     )),
     ("autograd/function.py", (
-        # csrc/function_apply.c, csrc/cpp/: Function.apply, the ctx, apply_boxed
+        # csrc/aot/function_apply.c, csrc/cpp/: Function.apply, the ctx, apply_boxed
         "FunctionCtx",
         "BackwardCFunction",
         "FunctionMeta",
@@ -178,7 +178,7 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "AutogradCompilerInstance.set_node_origin",
     )),
     ("_dynamo/eval_frame.py", (
-        # csrc/dynamo_disable.c
+        # csrc/dynamo/disable.c
         "DisableContext",
         "_callback_from_stance",
         "_maybe_set_eval_frame",

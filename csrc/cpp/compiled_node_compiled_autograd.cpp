@@ -33,20 +33,6 @@ using torch::dynamo::autograd::SwapSavedVariables;
 
 namespace {
 
-PyObject* str_compiled_autograd_key = nullptr;  // interned once (below)
-PyObject* str_proxy_call_backward = nullptr;
-PyObject* str_opaque_objects = nullptr;
-
-PyObject* intern(PyObject*& slot, const char* name) {
-  if (slot == nullptr) {
-    slot = PyUnicode_InternFromString(name);
-    if (slot == nullptr) {
-      throw_python_error();
-    }
-  }
-  return slot;
-}
-
 // python_function.cpp's to_py_size: a torch.Size of the sizes, a symbolic
 // one (compiled autograd swaps in proxies) as its Python SymInt.
 PyObject* to_py_size(const std::vector<c10::SymInt>& size) {
@@ -90,7 +76,7 @@ void CompiledFunctionNode::compiled_args(CompiledNodeArgs& args) const {
     throw_python_error();
   }
   THPObjectPtr pykey(PyObject_CallMethodNoArgs(
-      face.get(), intern(str_compiled_autograd_key, "_compiled_autograd_key")));
+      face.get(), str_compiled_autograd_key));
   if (!pykey) {
     throw_python_error();
   }
@@ -139,7 +125,7 @@ void CompiledFunctionNode::compiled_args(CompiledNodeArgs& args) const {
   // none then)
   std::vector<c10::SafePyObject> opaque_objs;
   if (THPObjectPtr opaque{PyObject_GetAttr(backward_obj.ptr(getPyInterpreter()),
-                                           intern(str_opaque_objects, "opaque_objects"))}) {
+                                           str_opaque_objects)}) {
     const Py_ssize_t n = PySequence_Size(opaque.get());
     if (n > 0) {
       opaque_objs.reserve(static_cast<size_t>(n));
@@ -168,19 +154,27 @@ void CompiledFunctionNode::compiled_args(CompiledNodeArgs& args) const {
 // is made here, before the trace, by the same method with the face. (With
 // None it labels the traced nodes' stack traces without the AOT id:
 // docs/compatibility.md.)
-void check_node_origin(PyObject* py_compiler, PyObject* forward_cls, PyObject* face) {
-  THPObjectPtr lazy(PyObject_GetAttrString(forward_cls, "_lazy_backward_info"));
+static void check_node_origin(PyObject* py_compiler, PyObject* forward_cls, PyObject* face) {
+  if (PyObject_HasAttr(forward_cls, str_aot_id) != 1) {
+    return;
+  }
+  THPObjectPtr lazy(PyObject_GetAttr(forward_cls, str_lazy_backward_info));
   if (!lazy) {
     throw_python_error();
   }
-  if (!Py_IsNone(lazy.get()) || PyObject_HasAttrString(forward_cls, "_aot_id") != 1) {
+  if (!Py_IsNone(lazy.get())) {
     return;
   }
   THPObjectPtr name(PyUnicode_FromString(kNodeName));
   if (!name) {
     throw_python_error();
   }
-  THPObjectPtr r(PyObject_CallMethod(py_compiler, "set_node_origin", "OIO", name.get(), 0u, face));
+  THPObjectPtr index(PyLong_FromLong(0));
+  if (!index) {
+    throw_python_error();
+  }
+  PyObject* argv[] = {py_compiler, name.get(), index.get(), face};
+  THPObjectPtr r(PyObject_VectorcallMethod(str_set_node_origin, argv, 4, nullptr));
   if (!r) {
     throw_python_error();
   }
@@ -327,7 +321,7 @@ variable_list CompiledFunctionNode::apply_with_saved_impl(const variable_list& i
                       saved_tensors.get(),     py_bwd_idx.get(),   face.get(),
                       backward_state_idx.get(), opaque_indices.get()};
   THPObjectPtr r(PyObject_VectorcallMethod(
-      intern(str_proxy_call_backward, "proxy_call_backward"), argv, 8, nullptr));
+      str_proxy_call_backward, argv, 8, nullptr));
   if (!r) {
     throw_python_error();
   }

@@ -26,6 +26,14 @@ namespace rt_node {
 PyTypeObject node_type;
 PyObject* str_forward = nullptr;
 PyObject* str_backward = nullptr;
+PyObject* str_backward_cls = nullptr;
+PyObject* str_autograd_function_id = nullptr;
+PyObject* str_compiled_autograd_key = nullptr;
+PyObject* str_opaque_objects = nullptr;
+PyObject* str_lazy_backward_info = nullptr;
+PyObject* str_aot_id = nullptr;
+PyObject* str_proxy_call_backward = nullptr;
+PyObject* str_set_node_origin = nullptr;
 }  // namespace rt_node
 
 namespace {
@@ -218,20 +226,19 @@ PyObject* get_raw_saved_tensors(PyObject* self, void* /*closure*/) {
 // (FunctionMeta gives each backward class its own): here the type is not
 // the class, so read from it, CompiledFunction._backward_cls.
 PyObject* get_autograd_function_id(PyObject* self, void* /*closure*/) {
-  THPObjectPtr backward_cls(
-      PyObject_GetAttrString(state_of_face(self).forward_cls, "_backward_cls"));
+  THPObjectPtr backward_cls(PyObject_GetAttr(state_of_face(self).forward_cls, str_backward_cls));
   if (!backward_cls) {
     return nullptr;
   }
-  return PyObject_GetAttrString(backward_cls.get(), "_autograd_function_id");
+  return PyObject_GetAttr(backward_cls.get(), str_autograd_function_id);
 }
 
 // BackwardCFunction._compiled_autograd_key (torch/autograd/function.py):
 // self._forward_cls._compiled_autograd_key(self), which PyNode's (and this
 // node's) compiled_args calls.
 PyObject* compiled_autograd_key(PyObject* self, PyObject* /*noargs*/) {
-  return PyObject_CallMethod(state_of_face(self).forward_cls, "_compiled_autograd_key", "O",
-                             self);
+  return PyObject_CallMethodOneArg(state_of_face(self).forward_cls, str_compiled_autograd_key,
+                                   self);
 }
 
 // THPFunction_get_compiled_autograd_symints: the symints compiled_args read
@@ -553,10 +560,22 @@ int rt_node_type_init(void) noexcept {
   if (node_type.tp_name != nullptr) {
     return 0;
   }
-  str_forward = PyUnicode_InternFromString("forward");
-  str_backward = PyUnicode_InternFromString("backward");
-  if (!str_forward || !str_backward) {
-    return -1;
+  const std::pair<PyObject**, const char*> names[] = {
+      {&str_forward, "forward"},
+      {&str_backward, "backward"},
+      {&str_backward_cls, "_backward_cls"},
+      {&str_autograd_function_id, "_autograd_function_id"},
+      {&str_compiled_autograd_key, "_compiled_autograd_key"},
+      {&str_opaque_objects, "opaque_objects"},
+      {&str_lazy_backward_info, "_lazy_backward_info"},
+      {&str_aot_id, "_aot_id"},
+      {&str_proxy_call_backward, "proxy_call_backward"},
+      {&str_set_node_origin, "set_node_origin"},
+  };
+  for (const auto& [slot, name] : names) {
+    if ((*slot = PyUnicode_InternFromString(name)) == nullptr) {
+      return -1;
+    }
   }
   if (resolve_ctx_fields() < 0) {
     return -1;

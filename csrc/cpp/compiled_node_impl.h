@@ -41,8 +41,17 @@ using torch::autograd::VariableInfo;
 using torch::autograd::variable_list;
 
 inline constexpr char kNodeName[] = "CompiledFunctionBackward";
-extern PyObject* str_forward;  // interned at rt_node_type_init
+// Names interned once, at rt_node_type_init.
+extern PyObject* str_forward;
 extern PyObject* str_backward;
+extern PyObject* str_backward_cls;             // _backward_cls
+extern PyObject* str_autograd_function_id;     // _autograd_function_id
+extern PyObject* str_compiled_autograd_key;    // _compiled_autograd_key
+extern PyObject* str_opaque_objects;           // opaque_objects
+extern PyObject* str_lazy_backward_info;       // _lazy_backward_info
+extern PyObject* str_aot_id;                   // _aot_id
+extern PyObject* str_proxy_call_backward;      // proxy_call_backward
+extern PyObject* str_set_node_origin;          // set_node_origin
 
 // See Note [Persisting PyErr state across autograd engine threads]: an error
 // raised in backward crosses the engine's threads as a python_error.

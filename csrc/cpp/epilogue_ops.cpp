@@ -1,4 +1,4 @@
-// epilogue_ops.cpp: the runtime wrapper's epilogue (csrc/epilogue.c) at the
+// epilogue_ops.cpp: the runtime wrapper's epilogue (csrc/aot/epilogue.c) at the
 // torch door: the tensor operations upstream's _apply_input_mutations and
 // gen_alias_from_base call as Python methods, called here through torch's
 // C++ API.

@@ -16,8 +16,8 @@
  * generated function itself. `outs[n:]` is a list slice for a list and
  * outs.__getitem__(slice(n, None)) otherwise, as in Python.
  * ====================================================================== */
-#include "autograd_common.h"
-#include "wrappers.h"
+#include "fn_object.h"
+#include "aot/wrappers.h"
 
 typedef struct {
     RT_FN_HEAD

@@ -8,7 +8,7 @@
  * dynamic_attr say where it differs). Every branch was chosen when the plan
  * was built.
  */
-#include "epilogue.h"
+#include "aot/epilogue.h"
 
 /* `with torch.no_grad(): orig.set_(u)` */
 static int

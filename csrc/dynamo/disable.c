@@ -1,4 +1,4 @@
-/* dynamo_disable.c: DisabledCall, torch._dynamo.disable's wrapper in C, for
+/* dynamo/disable.c: DisabledCall, torch._dynamo.disable's wrapper in C, for
  * the compiled backward.
  *
  * AOTAutograd's Dynamo backend wraps every compiled backward in
@@ -33,9 +33,10 @@
  * wrapper (rt_disable_wrapper_for); CompiledFunction.compiled_bw stays
  * upstream's object.
  * ====================================================================== */
-#include "dynamo_disable.h"
+#include "dynamo/disable.h"
+#include "dynamo/dynamo.h"
 
-#include "autograd_common.h"
+#include "fn_object.h"
 
 
 typedef struct {

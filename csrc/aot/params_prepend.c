@@ -27,7 +27,7 @@
  * its exact errors. torch_aot_rt/_prepend.py builds it where the closure is
  * made.
  * ====================================================================== */
-#include "autograd_common.h"
+#include "fn_object.h"
 
 typedef struct {
     RT_FN_HEAD

@@ -1,7 +1,7 @@
 /* compiled_forward.c: CompiledForward, i.e. CompiledFunction.forward.
  * Mirrors _codegen_compiled_forward, _AutogradSavedState.save_from_forward and
  * the generated _AutogradForwardEpilogue.finalize (runtime_wrappers.py). */
-#include "autograd_common.h"
+#include "fn_object.h"
 
 /* ======================================================================
  * CompiledForward: CompiledFunction.forward(ctx, *args)

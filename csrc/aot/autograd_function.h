@@ -15,6 +15,16 @@
 
 #include "torch_api.h"
 
+extern PyType_Spec FunctionApply_spec;
+extern PyType_Spec CompiledForward_spec;
+extern PyType_Spec CompiledBackward_spec;
+extern PyType_Spec BackwardThunk_spec;
+extern PyType_Spec ApplyBoxed_spec;
+extern PyType_Spec SerializableCall_spec;
+extern PyType_Spec ParamsPrepend_spec;
+extern PyType_Spec SubclassWrapper_spec;
+
+/* Creates AOTAutograd's function-like types into the module state. */
 int rt_autograd_types_init(PyObject *module, rt_state *st);
 
 #endif

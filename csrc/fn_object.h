@@ -1,8 +1,9 @@
-/* autograd_common: what the CompiledFunction pieces share: the function-like
- * object head (vectorcall, module state, __dict__, weakrefs), plan-parsing
- * helpers, and the type boilerplate. */
-#ifndef TORCH_AOT_RT_AUTOGRAD_COMMON_H
-#define TORCH_AOT_RT_AUTOGRAD_COMMON_H
+/* fn_object: what every function-like type of ours shares, whatever layer
+ * it mirrors (aot/, dynamo/): the object head (vectorcall, module state,
+ * __dict__, weakrefs), plan-parsing helpers, and the type boilerplate
+ * (fn_object.c). */
+#ifndef TORCH_AOT_RT_FN_OBJECT_H
+#define TORCH_AOT_RT_FN_OBJECT_H
 
 #include "plan.h"
 #include "torch_api.h"
@@ -48,15 +49,6 @@ PyObject *rt_counts_dict(const char *fname, PyObject *const *args, Py_ssize_t na
                          const char *const *names, Py_ssize_t *counts, int n);
 
 extern PyGetSetDef rt_fn_getset[];
-extern PyType_Spec FunctionApply_spec;
-extern PyType_Spec CompiledForward_spec;
-extern PyType_Spec CompiledBackward_spec;
-extern PyType_Spec BackwardThunk_spec;
-extern PyType_Spec ApplyBoxed_spec;
-extern PyType_Spec SavedHooksGuard_spec;
-extern PyType_Spec SerializableCall_spec;
-extern PyType_Spec ParamsPrepend_spec;
-extern PyType_Spec SubclassWrapper_spec;
 
 #define DEFINE_DEALLOC(Type, extra)                                          \
     static void Type##_dealloc(Type *self)                                   \

@@ -37,8 +37,8 @@
  * argument long enough for every position it reads; any other call runs
  * the generated function itself.
  * ====================================================================== */
-#include "autograd_common.h"
-#include "wrappers.h"
+#include "fn_object.h"
+#include "aot/wrappers.h"
 
 #include <string.h>
 

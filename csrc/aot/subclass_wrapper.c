@@ -41,7 +41,7 @@
  * first. Both are reads of the graph's output list, which has no behaviour
  * of its own.
  * ====================================================================== */
-#include "autograd_common.h"
+#include "fn_object.h"
 
 #include <string.h>
 

@@ -13,12 +13,12 @@
  *   exception (neither context upstream enters there ever returns one);
  * - inputs are captured into a C array, not a dict.
  */
-#include "runtime_wrapper.h"
+#include "aot/runtime_wrapper.h"
 
 #include <stddef.h>
 #include <structmember.h>
 
-#include "epilogue.h"
+#include "aot/epilogue.h"
 #include "plan.h"
 
 /* Captured inputs live on the C stack up to this many; beyond, PyMem. */

@@ -1,5 +1,5 @@
 /* dynamo_disable: torch._dynamo.disable's wrapper in C, for the compiled
- * backward AOTAutograd's Dynamo backend wraps in it (see dynamo_disable.c). */
+ * backward AOTAutograd's Dynamo backend wraps in it (see dynamo/disable.c). */
 #ifndef TORCH_AOT_RT_DYNAMO_DISABLE_H
 #define TORCH_AOT_RT_DYNAMO_DISABLE_H
 
@@ -48,7 +48,6 @@ typedef struct {
 } rt_disable_state;
 
 struct rt_state;
-extern PyType_Spec DisabledCall_spec;
 /* _C._bind_disable(**what rt_disable_state holds) */
 PyObject *rt_bind_disable(PyObject *module, PyObject *args, PyObject *kwargs);
 /* _C._disable_stats(reset=False) */

@@ -13,7 +13,7 @@
  * subclass of SerializableCompiledFunction has it as __call__
  * (torch_aot_rt/_serializable.py).
  * ====================================================================== */
-#include "autograd_common.h"
+#include "fn_object.h"
 
 typedef struct {
     RT_FN_HEAD

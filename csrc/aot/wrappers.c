@@ -1,7 +1,7 @@
 /* wrappers.c: what the compiler-wrapper types share (see wrappers.h). */
-#include "wrappers.h"
+#include "aot/wrappers.h"
 
-#include "autograd_common.h"
+#include "fn_object.h"
 
 #define INTERN(field, text)                                         \
     do {                                                            \

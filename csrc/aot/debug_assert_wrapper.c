@@ -14,8 +14,8 @@
  * (the shim computes them with upstream's helpers), for an exact list long
  * enough for every check; any other call runs the generated function.
  * ====================================================================== */
-#include "autograd_common.h"
-#include "wrappers.h"
+#include "fn_object.h"
+#include "aot/wrappers.h"
 
 typedef struct {
     RT_FN_HEAD

@@ -23,8 +23,8 @@
  * when it is built (is_rng_op_functionalized, len(tokens)): both are fixed
  * fields of the metadata the closure reads.
  * ====================================================================== */
-#include "autograd_common.h"
-#include "wrappers.h"
+#include "fn_object.h"
+#include "aot/wrappers.h"
 
 typedef struct {
     RT_FN_HEAD

@@ -30,8 +30,8 @@
  * tensor argument with a number argument whose hash equals the tensor's id;
  * C does not build the dict.
  * ====================================================================== */
-#include "autograd_common.h"
-#include "wrappers.h"
+#include "fn_object.h"
+#include "aot/wrappers.h"
 
 typedef struct {
     RT_FN_HEAD

@@ -2,7 +2,7 @@
  * BackwardThunk (its impl_fn) and ApplyBoxed (the backward node's apply_boxed). Mirrors _codegen_compiled_backward,
  * _codegen_backward_prologue, CompiledFunction._backward_impl and
  * _codegen_backward_epilogue (runtime_wrappers.py). */
-#include "autograd_common.h"
+#include "fn_object.h"
 
 /* ======================================================================
  * CompiledBackward: CompiledFunction.backward(ctx, grads)

@@ -1,7 +1,7 @@
 /* function_apply.c: FunctionApply, the boxed `CompiledFunction.apply` the
  * runtime wrapper calls (upstream: make_boxed_func(CompiledFunction.apply),
  * i.e. Function.apply in torch/autograd/function.py). */
-#include "autograd_common.h"
+#include "fn_object.h"
 
 /* ======================================================================
  * FunctionApply: `CompiledFunction.apply`, boxed.

@@ -18,7 +18,8 @@
  * of the hooks stack, same exceptions, no Python frame. torch_aot_rt/_guards.py
  * installs it where upstream's builder would install its closure.
  * ====================================================================== */
-#include "autograd_common.h"
+#include "dynamo/dynamo.h"
+#include "fn_object.h"
 
 typedef struct {
     RT_FN_HEAD

@@ -18,8 +18,8 @@
  * binds. A state that is not a tuple or list of two is unpacked by the
  * shim's `unpack2` (Python's own unpacking, for its exact errors).
  * ====================================================================== */
-#include "autograd_common.h"
-#include "wrappers.h"
+#include "fn_object.h"
+#include "aot/wrappers.h"
 
 typedef struct {
     RT_FN_HEAD

@@ -16,8 +16,8 @@
  * closure (which runs any call that is not one positional argument) share
  * the first-call state.
  * ====================================================================== */
-#include "autograd_common.h"
-#include "wrappers.h"
+#include "fn_object.h"
+#include "aot/wrappers.h"
 
 typedef struct {
     RT_FN_HEAD

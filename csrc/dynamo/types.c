@@ -1,0 +1,24 @@
+/* types.c: the registration of Dynamo's function-like types
+ * (fn_object.h's head): saved_hooks_guard.c's SavedHooksGuard and
+ * disable.c's DisabledCall. */
+#include "dynamo/dynamo.h"
+#include "fn_object.h"
+
+int
+rt_dynamo_types_init(PyObject *module, rt_state *st)
+{
+    struct {
+        PyType_Spec *spec;
+        PyTypeObject **slot;
+    } types[] = {
+        {&SavedHooksGuard_spec, &st->SavedHooksGuardType},
+        {&DisabledCall_spec, &st->DisabledCallType},
+    };
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        *types[i].slot = (PyTypeObject *)PyType_FromModuleAndSpec(module, types[i].spec, NULL);
+        if (*types[i].slot == NULL || PyModule_AddType(module, *types[i].slot) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
