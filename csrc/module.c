@@ -100,6 +100,9 @@ static PyMethodDef module_methods[] = {
     {"_disable_stats", (PyCFunction)(void (*)(void))rt_disable_stats, METH_FASTCALL,
      PyDoc_STR("_disable_stats(reset=False)\nCompiled backwards given the C disable wrapper "
                "(or why not), and its calls by path; reset zeroes the counts.")},
+    {"_pregraph_stats", (PyCFunction)(void (*)(void))rt_pregraph_stats, METH_FASTCALL,
+     PyDoc_STR("_pregraph_stats(reset=False)\nCalls of the C record_pregraph_bytecode_enter/"
+               "exit by path; reset zeroes the counts.")},
     {"_bind_torch", (PyCFunction)(void (*)(void))bind_torch, METH_VARARGS | METH_KEYWORDS,
      PyDoc_STR("_bind_torch(*, opaque_type_check, opaque_base, external_objects, "
                "external_objects_type, external_objects_setter, input_grad_buffers, cpp)\n"

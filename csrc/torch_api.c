@@ -44,6 +44,8 @@ rt_state_init(rt_state *st)
     INTERN(str_enter, "__enter__");
     INTERN(str_exit, "__exit__");
     INTERN(str_is_profiler_enabled, "_is_profiler_enabled");
+    INTERN(str_dynamo_disable, "__dynamo_disable");
+    INTERN(str_pregraph_range, "Pregraph bytecode");
     INTERN(str_record_runtime_overhead, "record_runtime_overhead");
     INTERN(str_requires_grad, "requires_grad");
     INTERN(wrapper_qualname, "_create_runtime_wrapper.<locals>.runtime_wrapper");
@@ -382,7 +384,9 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
     X(str_compiled_bw) X(str_bw_donated_idxs) X(str_donated_buffer)       \
     X(kwnames_use_once) X(kwnames_memory_format) X(kwnames_empty_strided)                          \
     X(kwnames_steal_disable_amp)                                          \
-    X(SubclassWrapperType) X(str_tensor_unflatten) X(str_clear)
+    X(SubclassWrapperType) X(str_tensor_unflatten) X(str_clear)                 \
+    X(PregraphHookType) X(NullContextType) X(null_context) X(str_dynamo_disable) \
+    X(str_pregraph_range)
 
 int
 rt_state_traverse(rt_state *st, visitproc visit, void *arg)

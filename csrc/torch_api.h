@@ -112,6 +112,12 @@ typedef struct rt_state {
     PyTypeObject *SerializableCallType;   /* serializable_call.c */
     PyTypeObject *ParamsPrependType;      /* params_prepend.c */
     PyTypeObject *DisabledCallType;       /* dynamo/disable.c */
+    PyTypeObject *PregraphHookType;       /* dynamo/pregraph.c */
+    PyTypeObject *NullContextType;
+    PyObject *null_context;               /* its one instance */
+    PyObject *str_dynamo_disable;         /* __dynamo_disable */
+    PyObject *str_pregraph_range;         /* "Pregraph bytecode" */
+    Py_ssize_t pregraph_counts[RT_PREGRAPH_N];
     PyTypeObject *SubclassWrapperType;    /* subclass_wrapper.c */
     PyObject *str_tensor_unflatten;       /* __tensor_unflatten__ */
     PyObject *str_clear;                  /* clear */

@@ -89,6 +89,10 @@ def stats() -> dict:
     wrapper runs in C (``built``) or why not, the calls of those by path
     (``calls in C`` or why upstream's wrapper ran), and ``unavailable``: why
     no compiled backward gets it on this torch, or None.
+    ``dynamo_pregraph``: calls of the functions Dynamo's bytecode calls
+    around a graph's argument preparation
+    (``torch._dynamo.utils.record_pregraph_bytecode_enter``/``_exit``) by
+    path: ``calls in C``, or why upstream's ran.
     """
     gate = _state.gate()
     inactive = _state.installed.get("closed") if gate else None
@@ -105,6 +109,7 @@ def stats() -> dict:
     out["cpp_epilogue"] = _epilogue_stats()
     out["dynamo_disable"] = _disable_stats()
     out["dynamo_disable"]["unavailable"] = _state.disable_unavailable()
+    out["dynamo_pregraph"] = _pregraph_stats()
     return out
 
 
@@ -126,11 +131,18 @@ def _disable_stats(reset: bool = False) -> dict:
     return _C._disable_stats(reset)
 
 
+def _pregraph_stats(reset: bool = False) -> dict:
+    from . import _C
+
+    return _C._pregraph_stats(reset)
+
+
 def reset_stats() -> None:
     _state.reset_counters()
     _node_stats(reset=True)
     _epilogue_stats(reset=True)
     _disable_stats(reset=True)
+    _pregraph_stats(reset=True)
 
 
 if os.environ.get("TORCH_AOT_RT", "1").strip().lower() not in ("0", "false", "off", "no"):

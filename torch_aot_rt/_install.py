@@ -337,11 +337,12 @@ def _replace_layers(rw) -> list:
     upstream's, counted, when it is not the verified one."""
     import torch._functorch.aot_autograd as aot_autograd
 
-    from . import _guards, _prepend, _serializable, _subclass, _wrappers
+    from . import _guards, _pregraph, _prepend, _serializable, _subclass, _wrappers
 
     replaced = []
     for name, install, arg in (
         ("saved-tensors-hooks guard", _guards.install, None),
+        ("pregraph bytecode hooks", _pregraph.install, None),
         ("SerializableCompiledFunction", _serializable.install, rw),
         ("params prepend", _prepend.install, aot_autograd),
         ("compiler wrappers", _wrappers.install, rw),
@@ -354,6 +355,8 @@ def _replace_layers(rw) -> list:
             continue
         if isinstance(record, list):
             replaced.extend(record)
+        elif isinstance(record, str):  # why it stays upstream's
+            _state.count_fallback(f"{name}: {record}")
         elif record is not None:
             replaced.append(record)
     return replaced

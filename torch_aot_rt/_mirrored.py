@@ -169,6 +169,16 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_dynamo/guards.py", (
         "GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS",
     )),
+    ("_dynamo/utils.py", (
+        # csrc/dynamo/pregraph.c: the functions the transformed bytecode
+        # calls around a graph's argument preparation
+        "record_pregraph_bytecode_enter",
+        "record_pregraph_bytecode_exit",
+    )),
+    ("_compile.py", (
+        # their decorator's inner (_pregraph.py checks its code)
+        "_disable_dynamo",
+    )),
     ("_dynamo/compiled_autograd.py", (
         # csrc/cpp/compiled_node_compiled_autograd.cpp: what compiled
         # autograd's compiler does with a CompiledFunction node's ctx (the

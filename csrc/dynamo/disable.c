@@ -73,12 +73,9 @@ name_lookup_is_pure(rt_disable_state *ds, PyObject *fn)
            Py_IS_TYPE(d, &PyGetSetDescr_Type) || Py_IS_TYPE(d, &PyMemberDescr_Type);
 }
 
-/* RT_DISABLE_CALL_C when the call can run in C, else the reason upstream's
- * _fn runs; -1 with an exception set. */
-static int
-fast_path(DisabledCall *self, PyObject *fn)
+int
+rt_disable_fast_path(rt_disable_state *ds, PyObject *ctx_cell, PyObject *fn)
 {
-    rt_disable_state *ds = &self->st->disable;
     PyObject *g = ds->eval_frame_globals;
     int ok;
     /* eval_frame's helpers, as _fn and _callback_from_stance look them up */
@@ -92,7 +89,7 @@ fast_path(DisabledCall *self, PyObject *fn)
     EXPECT(str_torch, ds->torch)
 #undef EXPECT
     /* _callback_from_stance(self.callback) is None */
-    PyObject *ctx = PyCell_GET(self->ctx_cell);
+    PyObject *ctx = PyCell_GET(ctx_cell);
     if (ctx == NULL || !Py_IS_TYPE(ctx, (PyTypeObject *)ds->DisableContext)) {
         return RT_DISABLE_CALL_STANCE;
     }
@@ -177,20 +174,10 @@ finally_call(PyObject *f, PyObject *arg, PyObject **result)
     PyErr_Restore(type2, value2, tb2);
 }
 
-static PyObject *
-DisabledCall_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObject *kwnames)
+PyObject *
+rt_disable_run(rt_disable_state *ds, rt_disable_body body, PyObject *fn, PyObject *const *argv,
+               size_t nargsf, PyObject *kwnames)
 {
-    DisabledCall *self = (DisabledCall *)op;
-    rt_disable_state *ds = &self->st->disable;
-    PyObject *fn = PyCell_GET(self->fn_cell);
-    int path = fn == NULL ? RT_DISABLE_CALL_REPLACED : fast_path(self, fn);
-    if (path < 0) {
-        return NULL;
-    }
-    ds->counts[path]++;
-    if (path != RT_DISABLE_CALL_C) {
-        return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
-    }
     Py_INCREF(fn);
     PyObject *none = Py_None;
     PyObject *result = NULL;
@@ -207,7 +194,7 @@ DisabledCall_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyOb
         }
         Py_DECREF(r);
     }
-    result = PyObject_Vectorcall(fn, argv, nargsf, kwnames);
+    result = body(fn, argv, nargsf, kwnames);
     if (!ds->skips_none_callback) {
         finally_call(ds->set_eval_frame, Py_None, &result);
     }
@@ -218,6 +205,23 @@ restore_prior:
     Py_DECREF(prior);
     Py_DECREF(fn);
     return result;
+}
+
+static PyObject *
+DisabledCall_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObject *kwnames)
+{
+    DisabledCall *self = (DisabledCall *)op;
+    rt_disable_state *ds = &self->st->disable;
+    PyObject *fn = PyCell_GET(self->fn_cell);
+    int path = fn == NULL ? RT_DISABLE_CALL_REPLACED : rt_disable_fast_path(ds, self->ctx_cell, fn);
+    if (path < 0) {
+        return NULL;
+    }
+    ds->counts[path]++;
+    if (path != RT_DISABLE_CALL_C) {
+        return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
+    }
+    return rt_disable_run(ds, PyObject_Vectorcall, fn, argv, nargsf, kwnames);
 }
 
 /* ---- construction ------------------------------------------------------ */

@@ -21,6 +21,14 @@ enum rt_disable_count {
     RT_DISABLE_N
 };
 
+/* How each call of a PregraphHook (dynamo/pregraph.c) ran. */
+enum rt_pregraph_count {
+    RT_PREGRAPH_C,        /* in C */
+    RT_PREGRAPH_WRAPPER,  /* upstream's disable wrapper (its state: rt_disable_count) */
+    RT_PREGRAPH_UPSTREAM, /* upstream's function: switched off, another wrapper, other arguments */
+    RT_PREGRAPH_N
+};
+
 /* What the wrapper reads, bound by _C._bind_disable once the shim has
  * verified DisableContext.__call__ (torch_aot_rt/_disable.py); all NULL
  * until then, and the compiled backward then keeps upstream's wrapper. */
@@ -52,6 +60,17 @@ struct rt_state;
 PyObject *rt_bind_disable(PyObject *module, PyObject *args, PyObject *kwargs);
 /* _C._disable_stats(reset=False) */
 PyObject *rt_disable_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* RT_DISABLE_CALL_C when a call of a DisableContext's _fn (ctx_cell: its
+ * `self` cell; fn: its `fn`) can run in C, else the reason upstream's _fn
+ * runs; -1 with an exception set. Nothing observable happens. */
+int rt_disable_fast_path(rt_disable_state *ds, PyObject *ctx_cell, PyObject *fn);
+/* _fn's work once rt_disable_fast_path said C: the eval-frame callback set
+ * and restored around body(fn, argv, nargsf, kwnames), as _fn does around
+ * fn(*args, **kwargs); a new reference, or NULL with an exception. */
+typedef PyObject *(*rt_disable_body)(PyObject *fn, PyObject *const *argv, size_t nargsf,
+                                     PyObject *kwnames);
+PyObject *rt_disable_run(rt_disable_state *ds, rt_disable_body body, PyObject *fn,
+                         PyObject *const *argv, size_t nargsf, PyObject *kwnames);
 /* compiled, or a new C wrapper doing what compiled (a disable wrapper) does;
  * a new reference, counted. */
 PyObject *rt_disable_wrapper_for(struct rt_state *st, PyObject *compiled);

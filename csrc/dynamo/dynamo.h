@@ -1,5 +1,6 @@
 /* dynamo: Dynamo's per-call layers in C (the disable wrapper, the
- * saved-tensor-hooks guard); their function-like types. */
+ * functions the transformed bytecode calls, the saved-tensor-hooks guard);
+ * their types. */
 #ifndef TORCH_AOT_RT_DYNAMO_H
 #define TORCH_AOT_RT_DYNAMO_H
 
@@ -7,6 +8,11 @@
 
 extern PyType_Spec SavedHooksGuard_spec;
 extern PyType_Spec DisabledCall_spec;
+extern PyType_Spec PregraphHook_spec;
+extern PyType_Spec NullContext_spec;
+
+/* _C._pregraph_stats(reset=False) */
+PyObject *rt_pregraph_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* Creates Dynamo's function-like types into the module state. */
 int rt_dynamo_types_init(PyObject *module, rt_state *st);

@@ -1,6 +1,7 @@
-/* types.c: the registration of Dynamo's function-like types
- * (fn_object.h's head): saved_hooks_guard.c's SavedHooksGuard and
- * disable.c's DisabledCall. */
+/* types.c: the registration of Dynamo's types: the function-like ones
+ * (fn_object.h's head), saved_hooks_guard.c's SavedHooksGuard, disable.c's
+ * DisabledCall, pregraph.c's PregraphHook, and pregraph.c's NullContext
+ * with its one instance. */
 #include "dynamo/dynamo.h"
 #include "fn_object.h"
 
@@ -13,6 +14,8 @@ rt_dynamo_types_init(PyObject *module, rt_state *st)
     } types[] = {
         {&SavedHooksGuard_spec, &st->SavedHooksGuardType},
         {&DisabledCall_spec, &st->DisabledCallType},
+        {&PregraphHook_spec, &st->PregraphHookType},
+        {&NullContext_spec, &st->NullContextType},
     };
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         *types[i].slot = (PyTypeObject *)PyType_FromModuleAndSpec(module, types[i].spec, NULL);
@@ -20,5 +23,6 @@ rt_dynamo_types_init(PyObject *module, rt_state *st)
             return -1;
         }
     }
-    return 0;
+    st->null_context = st->NullContextType->tp_alloc(st->NullContextType, 0);
+    return st->null_context != NULL ? 0 : -1;
 }

@@ -1,0 +1,60 @@
+"""The two functions Dynamo's transformed bytecode calls around a graph's
+argument preparation, ``torch._dynamo.utils.record_pregraph_bytecode_enter``
+and ``_exit``, in C (``_C.PregraphHook``, csrc/dynamo/pregraph.c).
+
+Each is ``torch._disable_dynamo``'s ``inner`` over a small function; the
+bytecode looks it up on the module at every call, so the module attribute
+is what we replace. Here we check that each is that ``inner`` over the
+verified function, and do what ``inner`` does on its first call (make the
+``torch._dynamo.disable`` wrapper and cache it on the function) so that the
+C hook knows the wrapper to expect. The hooks follow the C runtime's switch
+on every call (the bytecode that calls them is shared by every compile).
+"""
+
+from __future__ import annotations
+
+import types
+
+NAMES = (("record_pregraph_bytecode_enter", False), ("record_pregraph_bytecode_exit", True))
+
+
+def _inner_code(disable_dynamo) -> types.CodeType | None:
+    """The code of ``_disable_dynamo``'s ``inner``."""
+    nested = [
+        c for c in disable_dynamo.__code__.co_consts
+        if isinstance(c, types.CodeType) and c.co_name == "inner"
+    ]
+    return nested[0] if len(nested) == 1 else None
+
+
+def install() -> list | str:
+    """Replace both hooks; the Replaced records, or why they stay upstream's."""
+    import torch
+    import torch._compile
+    import torch._dynamo
+    import torch._dynamo.utils as utils
+
+    from . import _C, _state
+
+    unavailable = _state.disable_unavailable()
+    if unavailable is not None:
+        return f"the disable wrapper is not mirrored: {unavailable}"
+    code = _inner_code(torch._compile._disable_dynamo)
+    if code is None or code.co_freevars != ("fn", "recursive"):
+        return "torch._disable_dynamo's inner is not the verified one"
+    hooks = []
+    for name, exit_ in NAMES:
+        inner = utils.__dict__.get(name)
+        if not isinstance(inner, types.FunctionType) or inner.__code__ is not code:
+            return f"torch._dynamo.utils.{name} is not torch._disable_dynamo's inner"
+        cells = dict(zip(code.co_freevars, (c.cell_contents for c in inner.__closure__)))
+        fn, recursive = cells["fn"], cells["recursive"]
+        if recursive is not True:
+            return f"torch._dynamo.utils.{name} is not disabled recursively"
+        wrapper = getattr(fn, "__dynamo_disable", None)
+        if wrapper is None:
+            # what inner does on its first call
+            wrapper = torch._dynamo.disable(fn, recursive, wrapping=False)
+            fn.__dynamo_disable = wrapper
+        hooks.append((name, _C.PregraphHook(inner, fn, wrapper, _state._enabled, exit=exit_)))
+    return [_state.replace(utils, name, hook) for name, hook in hooks]
