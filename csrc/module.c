@@ -100,6 +100,10 @@ static PyMethodDef module_methods[] = {
     {"_disable_stats", (PyCFunction)(void (*)(void))rt_disable_stats, METH_FASTCALL,
      PyDoc_STR("_disable_stats(reset=False)\nCompiled backwards given the C disable wrapper "
                "(or why not), and its calls by path; reset zeroes the counts.")},
+    {"_disable_wrapper_for", rt_disable_wrapper_for_py, METH_O,
+     PyDoc_STR("_disable_wrapper_for(obj)\nobj, or a DisabledCall over it when it is a "
+               "torch._dynamo.disable wrapper (once _bind_disable() verified them); counted "
+               "in _disable_stats().")},
     {"_pregraph_stats", (PyCFunction)(void (*)(void))rt_pregraph_stats, METH_FASTCALL,
      PyDoc_STR("_pregraph_stats(reset=False)\nCalls of the C record_pregraph_bytecode_enter/"
                "exit by path; reset zeroes the counts.")},

@@ -24,10 +24,15 @@ def _pregraph_counts():
     return torch_aot_rt.stats()["dynamo_pregraph"]
 
 
-def _requires_hooks():
-    if not isinstance(dynamo_utils.record_pregraph_bytecode_enter, torch_aot_rt._C.PregraphHook):
-        reasons = [r for r in torch_aot_rt.stats()["fallback_reasons"] if "pregraph" in r]
-        pytest.skip(f"the pregraph hooks stay upstream's on this torch: {reasons}")
+def _hooks_in_c() -> bool:
+    """Whether the hooks are the C ones; where not (2.11, whose per-call
+    layers stay upstream's), that they are upstream's functions."""
+    hook = dynamo_utils.record_pregraph_bytecode_enter
+    if isinstance(hook, torch_aot_rt._C.PregraphHook):
+        return True
+    assert not D.LAYERS_MIRRORED, torch_aot_rt.stats()["fallback_reasons"]
+    assert type(hook).__name__ == "function" and hook.__name__ == "record_pregraph_bytecode_enter"
+    return False
 
 
 def _delta(before):
@@ -51,12 +56,12 @@ def _run(use_c, program):
 def differential(program, *, c_calls=None):
     """``program()`` with the C runtime off, then on: the same result; the
     on run's hook calls all in C (``c_calls`` of them when given)."""
-    _requires_hooks()
+    in_c = _hooks_in_c()
     off, off_delta = _run(False, program)
     on, on_delta = _run(True, program)
     D.assert_same(off, on)
     assert set(off_delta) <= {"upstream calls: switched off, another wrapper or other arguments"}
-    if c_calls is not None:
+    if c_calls is not None and in_c:
         assert on_delta == ({"calls in C": c_calls} if c_calls else {}), on_delta
     return off, on_delta
 
@@ -133,7 +138,7 @@ def test_called_by_hand():
     exit returns None), exit on it, and the errors for wrong arguments and
     for an object that is no context manager, word for word; the eval-frame
     callback the body saw and the one left after."""
-    _requires_hooks()
+    _hooks_in_c()
     enter = dynamo_utils.record_pregraph_bytecode_enter
     exit_ = dynamo_utils.record_pregraph_bytecode_exit
 
@@ -156,3 +161,60 @@ def test_called_by_hand():
 
     off, on = run(False), run(True)
     D.assert_same(off, on)
+
+
+def _graph_globals():
+    return {k: v for k, v in globals().items() if k.startswith("__compiled_fn")}
+
+
+def test_compiled_graph_global_is_c():
+    """The frame's __compiled_fn global Dynamo installs is a DisabledCall
+    over the graph's disable wrapper when compiled with the C runtime on
+    (counted), upstream's wrapper when off; it answers the wrapper's
+    attributes (Dynamo unwraps with _torchdynamo_orig_callable)."""
+    unavailable = torch_aot_rt.stats()["dynamo_disable"]["unavailable"]
+
+    def run(use_c):
+        torch._dynamo.reset()
+        before = dict(_graph_globals())
+        with D.runtime(use_c):
+            g = torch.compile(f, backend="aot_eager")
+            g(torch.randn(4), torch.randn(4))
+        new = [v for k, v in _graph_globals().items() if k not in before]
+        assert len(new) == 1, new
+        (obj,) = new
+        return type(obj).__name__, obj._torchdynamo_disable, callable(obj._torchdynamo_orig_callable)
+
+    off, on = run(False), run(True)
+    assert off == ("function", True, True), off
+    # 2.11: the disable wrapper stays upstream's with the other layers
+    assert on == (off if unavailable else ("DisabledCall", True, True)), (on, unavailable)
+
+
+def test_exception_inside_the_graph():
+    """An exception raised inside the compiled graph (an index out of
+    range): the same exception, and the eval-frame callback, grad mode and
+    dispatch TLS as before the call."""
+
+    def h(x, i):
+        return x[i] * 2
+
+    def program():
+        g = torch.compile(h, backend="aot_eager")
+        x = torch.randn(4)
+        g(x, torch.tensor([1]))
+        state = (repr(c_eval_frame.get_eval_frame_callback()), torch.is_grad_enabled(),
+                 str(torch._C._dispatch_tls_local_include_set()),
+                 str(torch._C._dispatch_tls_local_exclude_set()))
+        try:
+            g(x, torch.tensor([7]))
+            err = None
+        except Exception as e:  # noqa: BLE001 - the error is the observation
+            err = D.error_record(e)
+        after = (repr(c_eval_frame.get_eval_frame_callback()), torch.is_grad_enabled(),
+                 str(torch._C._dispatch_tls_local_include_set()),
+                 str(torch._C._dispatch_tls_local_exclude_set()))
+        return err, state == after
+
+    r, _ = differential(program)
+    assert r[0] is not None and r[1], r

@@ -139,6 +139,7 @@ def test_stats_snapshot_and_reset():
             k: (unavailable if k == "unavailable" else 0)
             for k in torch_aot_rt.stats()["dynamo_disable"]
         },
+        "dynamo_pregraph": {k: 0 for k in torch_aot_rt.stats()["dynamo_pregraph"]},
     }
     assert "taken" in torch_aot_rt.stats()["cpp_node"]
     assert "taken" in torch_aot_rt.stats()["cpp_epilogue"]

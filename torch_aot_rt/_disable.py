@@ -1,13 +1,16 @@
-"""``torch._dynamo.disable``'s wrapper around the compiled backward, in C
-(``_C.DisabledCall``, csrc/dynamo/disable.c).
+"""``torch._dynamo.disable``'s wrapper, in C (``_C.DisabledCall``,
+csrc/dynamo/disable.c), where it runs on every call of a compiled function.
 
 AOTAutograd's Dynamo backend wraps each compiled backward in
-``torch._dynamo.disable``, so every backward call runs
-``DisableContext.__call__``'s ``_fn`` (torch/_dynamo/eval_frame.py). Here we
-check that ``_fn`` and the helpers it calls are the ones the C version
-mirrors, and bind what it reads; the C CompiledBackward then calls a
-``DisabledCall`` in place of the wrapper. That choice is made once per
-compiled backward; each call still runs upstream's ``_fn`` itself where the
+``torch._dynamo.disable``, and Dynamo wraps each graph it compiles in one
+before installing it as the frame's ``__compiled_fn_...`` global, which the
+transformed bytecode calls; so every call runs ``DisableContext.__call__``'s
+``_fn`` (torch/_dynamo/eval_frame.py). Here we check that ``_fn`` and the
+helpers it calls are the ones the C version mirrors, and bind what it reads;
+the C CompiledBackward then calls a ``DisabledCall`` in place of the
+wrapper, and Dynamo installs one in place of the graph's
+(:func:`install_graph_globals`). That choice is made once per compiled
+backward or graph; each call still runs upstream's ``_fn`` itself where the
 state is not the one the C version handles (counted in
 ``stats()["dynamo_disable"]``).
 """
@@ -86,3 +89,37 @@ def install(release) -> str | None:
         skips_none_callback=release.disable_skips_none_callback,
     )
     return None
+
+
+GRAPH_GLOBAL_PREFIX = "__compiled_fn"
+
+
+def install_graph_globals():
+    """Dynamo's compiled graphs get a ``DisabledCall`` over their disable
+    wrapper: ``OutputGraph.install_global_unsafe`` (how
+    ``compile_and_call_fx_graph`` installs the wrapped graph as the frame's
+    global) is wrapped to install it instead, for compiles with the C runtime
+    on. Returns the ``_state.Replaced`` record, or why not."""
+    import torch._dynamo.output_graph as output_graph
+
+    from . import _C, _state
+
+    if _state.disable_unavailable() is not None:
+        return f"the disable wrapper is not mirrored: {_state.disable_unavailable()}"
+    cls = output_graph.OutputGraph
+    upstream = cls.__dict__.get("install_global_unsafe")
+    code = getattr(upstream, "__code__", None)
+    if code is None or code.co_varnames[:3] != ("self", "name", "value") or code.co_argcount != 3:
+        return "OutputGraph.install_global_unsafe is not the verified one"
+
+    def install_global_unsafe(self, name, value):
+        if _state.is_enabled() and isinstance(name, str) and name.startswith(GRAPH_GLOBAL_PREFIX):
+            value = _C._disable_wrapper_for(value)
+        return upstream(self, name, value)
+
+    install_global_unsafe.__wrapped__ = upstream
+    install_global_unsafe.__name__ = upstream.__name__
+    install_global_unsafe.__qualname__ = upstream.__qualname__
+    install_global_unsafe.__doc__ = upstream.__doc__
+    return _state.replace(cls, "install_global_unsafe", install_global_unsafe)
+

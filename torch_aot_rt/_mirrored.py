@@ -179,6 +179,12 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         # their decorator's inner (_pregraph.py checks its code)
         "_disable_dynamo",
     )),
+    ("_dynamo/output_graph.py", (
+        # _disable.install_graph_globals: how a compiled graph, wrapped in
+        # torch._dynamo.disable, becomes the frame's __compiled_fn global
+        "OutputGraph.install_global_unsafe",
+        "OutputGraph.compile_and_call_fx_graph",
+    )),
     ("_dynamo/compiled_autograd.py", (
         # csrc/cpp/compiled_node_compiled_autograd.cpp: what compiled
         # autograd's compiler does with a CompiledFunction node's ctx (the

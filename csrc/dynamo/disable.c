@@ -321,12 +321,54 @@ DisabledCall_clear(DisabledCall *self)
     return 0;
 }
 
+/* Attributes it lacks are the wrapper's (_torchdynamo_orig_callable,
+ * __wrapped__, __name__, ...): code that unwraps or names it finds them. */
+static PyObject *
+DisabledCall_getattro(PyObject *op, PyObject *name)
+{
+    PyObject *v = PyObject_GenericGetAttr(op, name);
+    if (v != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        return v;
+    }
+    PyErr_Clear();
+    return PyObject_GetAttr(((DisabledCall *)op)->upstream, name);
+}
+
 DEFINE_DEALLOC(DisabledCall, (void)0)
 FN_MEMBERS(DisabledCall)
-FN_SPEC(DisabledCall,
-        "DisabledCall(wrapper): what torch._dynamo.disable's wrapper `wrapper` does "
-        "when called, in C where the stance is the default one and nothing exports; "
-        "upstream's wrapper otherwise.")
+
+static PyType_Slot DisabledCall_slots[] = {
+    {Py_tp_new, DisabledCall_new},
+    {Py_tp_dealloc, DisabledCall_dealloc},
+    {Py_tp_traverse, DisabledCall_traverse},
+    {Py_tp_clear, DisabledCall_clear},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_descr_get, rt_fn_descr_get},
+    {Py_tp_getattro, DisabledCall_getattro},
+    {Py_tp_members, DisabledCall_members},
+    {Py_tp_getset, rt_fn_getset},
+    {Py_tp_doc, (void *)"DisabledCall(wrapper): what torch._dynamo.disable's wrapper "
+                        "`wrapper` does when called, in C where the stance is the default "
+                        "one and nothing exports; upstream's wrapper otherwise. Attributes "
+                        "it lacks are the wrapper's."},
+    {0, NULL},
+};
+
+PyType_Spec DisabledCall_spec = {
+    .name = "torch_aot_rt._C.DisabledCall",
+    .basicsize = sizeof(DisabledCall),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .slots = DisabledCall_slots,
+};
+
+/* _C._disable_wrapper_for(obj): rt_disable_wrapper_for, for the shim
+ * (Dynamo's compiled graphs, _disable.py) */
+PyObject *
+rt_disable_wrapper_for_py(PyObject *module, PyObject *obj)
+{
+    return rt_disable_wrapper_for(PyModule_GetState(module), obj);
+}
 
 /* ---- binding and counts ------------------------------------------------ */
 

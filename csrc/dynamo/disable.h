@@ -10,8 +10,8 @@
 /* How a compiled backward's disable wrapper was handled (once per lazily
  * compiled backward), then how each call of a C wrapper ran. */
 enum rt_disable_count {
-    RT_DISABLE_BUILT,          /* the compiled backward got the C wrapper */
-    RT_DISABLE_NOT_WRAPPER,    /* the compiled backward is not a disable wrapper */
+    RT_DISABLE_BUILT,          /* a compiled backward or graph got the C wrapper */
+    RT_DISABLE_NOT_WRAPPER,    /* it is not a disable wrapper */
     RT_DISABLE_UNBOUND,        /* this torch's DisableContext is not the verified one */
     RT_DISABLE_CALL_C,         /* a call ran in C */
     RT_DISABLE_CALL_STANCE,    /* ran upstream's: a stance other than "default", or a callback */
@@ -74,6 +74,8 @@ PyObject *rt_disable_run(rt_disable_state *ds, rt_disable_body body, PyObject *f
 /* compiled, or a new C wrapper doing what compiled (a disable wrapper) does;
  * a new reference, counted. */
 PyObject *rt_disable_wrapper_for(struct rt_state *st, PyObject *compiled);
+/* _C._disable_wrapper_for(obj): the same, for the shim */
+PyObject *rt_disable_wrapper_for_py(PyObject *module, PyObject *obj);
 int rt_disable_traverse(rt_disable_state *ds, visitproc visit, void *arg);
 void rt_disable_clear(rt_disable_state *ds);
 

@@ -167,7 +167,6 @@ PregraphHook_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyOb
     if (path < 0) {
         return NULL;
     }
-    ds->counts[path]++;
     if (path != RT_DISABLE_CALL_C) {
         st->pregraph_counts[RT_PREGRAPH_WRAPPER]++;
         return PyObject_Vectorcall(self->wrapper, argv, nargsf, kwnames);
