@@ -52,7 +52,12 @@ def listdir(folder, suffix):
 # The C core's files: csrc/ (the module, the door to torch, what every layer
 # shares) and one folder per layer of a compiled call it mirrors; csrc/cpp/
 # is the C++ part's. Includes name files from csrc/ ("aot/epilogue.h").
-C_CORE_FOLDERS = ("csrc", os.path.join("csrc", "dynamo"), os.path.join("csrc", "aot"))
+C_CORE_FOLDERS = (
+    "csrc",
+    os.path.join("csrc", "dynamo"),
+    os.path.join("csrc", "aot"),
+    os.path.join("csrc", "inductor"),
+)
 
 
 def c_core_files(suffix):

@@ -10,6 +10,7 @@
 #include "aot/autograd_function.h"
 #include "aot/runtime_wrapper.h"
 #include "dynamo/dynamo.h"
+#include "inductor/inductor.h"
 #include "torch_api.h"
 
 static PyObject *
@@ -104,6 +105,9 @@ static PyMethodDef module_methods[] = {
      PyDoc_STR("_disable_wrapper_for(obj)\nobj, or a DisabledCall over it when it is a "
                "torch._dynamo.disable wrapper (once _bind_disable() verified them); counted "
                "in _disable_stats().")},
+    {"_graph_call_stats", (PyCFunction)(void (*)(void))rt_graph_call_stats, METH_FASTCALL,
+     PyDoc_STR("_graph_call_stats(reset=False)\nCalls of the C CompiledFxGraph.__call__ by "
+               "path; reset zeroes the counts.")},
     {"_pregraph_stats", (PyCFunction)(void (*)(void))rt_pregraph_stats, METH_FASTCALL,
      PyDoc_STR("_pregraph_stats(reset=False)\nCalls of the C record_pregraph_bytecode_enter/"
                "exit by path; reset zeroes the counts.")},
@@ -133,7 +137,8 @@ module_exec(PyObject *module)
     if (PyModule_AddType(module, st->RuntimeWrapperType) < 0) {
         return -1;
     }
-    if (rt_autograd_types_init(module, st) < 0 || rt_dynamo_types_init(module, st) < 0) {
+    if (rt_autograd_types_init(module, st) < 0 || rt_dynamo_types_init(module, st) < 0 ||
+        rt_inductor_types_init(module, st) < 0) {
         return -1;
     }
     return rt_wrapper_types_init(module);

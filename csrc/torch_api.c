@@ -45,6 +45,9 @@ rt_state_init(rt_state *st)
     INTERN(str_exit, "__exit__");
     INTERN(str_is_profiler_enabled, "_is_profiler_enabled");
     INTERN(str_dynamo_disable, "__dynamo_disable");
+    if (rt_inductor_names_init(&st->inductor) < 0) {
+        return -1;
+    }
     INTERN(str_pregraph_range, "Pregraph bytecode");
     INTERN(str_record_runtime_overhead, "record_runtime_overhead");
     INTERN(str_requires_grad, "requires_grad");
@@ -386,7 +389,7 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
     X(kwnames_steal_disable_amp)                                          \
     X(SubclassWrapperType) X(str_tensor_unflatten) X(str_clear)                 \
     X(PregraphHookType) X(NullContextType) X(null_context) X(str_dynamo_disable) \
-    X(str_pregraph_range)
+    X(str_pregraph_range) X(GraphCallType)
 
 int
 rt_state_traverse(rt_state *st, visitproc visit, void *arg)
@@ -407,6 +410,10 @@ rt_state_traverse(rt_state *st, visitproc visit, void *arg)
     if (rc != 0) {
         return rc;
     }
+    rc = rt_inductor_names_traverse(&st->inductor, visit, arg);
+    if (rc != 0) {
+        return rc;
+    }
     return rt_disable_traverse(&st->disable, visit, arg);
 }
 
@@ -422,6 +429,7 @@ rt_state_clear(rt_state *st)
         Py_CLEAR(st->method_names[m]);
     }
     rt_disable_clear(&st->disable);
+    rt_inductor_names_clear(&st->inductor);
     rt_wrappers_state_clear(&st->wrappers);
     rt_alias_state_clear(&st->alias);
     st->cpp = st->cpp_loaded = NULL; /* its capsule was cleared above */

@@ -20,6 +20,7 @@
 
 #include "aot/alias_state.h"
 #include "dynamo/disable.h"
+#include "inductor/inductor.h"
 #include "torch_cpp_api.h"
 #include "aot/wrappers.h"
 
@@ -118,6 +119,10 @@ typedef struct rt_state {
     PyObject *str_dynamo_disable;         /* __dynamo_disable */
     PyObject *str_pregraph_range;         /* "Pregraph bytecode" */
     Py_ssize_t pregraph_counts[RT_PREGRAPH_N];
+    /* inductor (inductor/graph_call.c) */
+    PyTypeObject *GraphCallType;
+    rt_inductor_names inductor;
+    Py_ssize_t graph_call_counts[RT_GRAPH_CALL_N];
     PyTypeObject *SubclassWrapperType;    /* subclass_wrapper.c */
     PyObject *str_tensor_unflatten;       /* __tensor_unflatten__ */
     PyObject *str_clear;                  /* clear */

@@ -140,6 +140,7 @@ def test_stats_snapshot_and_reset():
             for k in torch_aot_rt.stats()["dynamo_disable"]
         },
         "dynamo_pregraph": {k: 0 for k in torch_aot_rt.stats()["dynamo_pregraph"]},
+        "inductor_graph_call": {k: 0 for k in torch_aot_rt.stats()["inductor_graph_call"]},
     }
     assert "taken" in torch_aot_rt.stats()["cpp_node"]
     assert "taken" in torch_aot_rt.stats()["cpp_epilogue"]

@@ -92,7 +92,9 @@ def stats() -> dict:
     ``dynamo_pregraph``: calls of the functions Dynamo's bytecode calls
     around a graph's argument preparation
     (``torch._dynamo.utils.record_pregraph_bytecode_enter``/``_exit``) by
-    path: ``calls in C``, or why upstream's ran.
+    path: ``calls in C``, or why upstream's ran. ``inductor_graph_call``:
+    calls of inductor's compiled graphs (``CompiledFxGraph.__call__``) by
+    path, the same way.
     """
     gate = _state.gate()
     inactive = _state.installed.get("closed") if gate else None
@@ -110,6 +112,7 @@ def stats() -> dict:
     out["dynamo_disable"] = _disable_stats()
     out["dynamo_disable"]["unavailable"] = _state.disable_unavailable()
     out["dynamo_pregraph"] = _pregraph_stats()
+    out["inductor_graph_call"] = _graph_call_stats()
     return out
 
 
@@ -137,12 +140,19 @@ def _pregraph_stats(reset: bool = False) -> dict:
     return _C._pregraph_stats(reset)
 
 
+def _graph_call_stats(reset: bool = False) -> dict:
+    from . import _C
+
+    return _C._graph_call_stats(reset)
+
+
 def reset_stats() -> None:
     _state.reset_counters()
     _node_stats(reset=True)
     _epilogue_stats(reset=True)
     _disable_stats(reset=True)
     _pregraph_stats(reset=True)
+    _graph_call_stats(reset=True)
 
 
 if os.environ.get("TORCH_AOT_RT", "1").strip().lower() not in ("0", "false", "off", "no"):

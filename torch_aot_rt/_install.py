@@ -337,13 +337,16 @@ def _replace_layers(rw) -> list:
     upstream's, counted, when it is not the verified one."""
     import torch._functorch.aot_autograd as aot_autograd
 
-    from . import _disable, _guards, _pregraph, _prepend, _serializable, _subclass, _wrappers
+    from . import (
+        _disable, _guards, _inductor, _pregraph, _prepend, _serializable, _subclass, _wrappers,
+    )
 
     replaced = []
     for name, install, arg in (
         ("saved-tensors-hooks guard", _guards.install, None),
         ("pregraph bytecode hooks", _pregraph.install, None),
         ("compiled graphs' disable wrapper", _disable.install_graph_globals, None),
+        ("inductor's CompiledFxGraph.__call__", _inductor.install, None),
         ("SerializableCompiledFunction", _serializable.install, rw),
         ("params prepend", _prepend.install, aot_autograd),
         ("compiler wrappers", _wrappers.install, rw),

@@ -174,10 +174,29 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         # calls around a graph's argument preparation
         "record_pregraph_bytecode_enter",
         "record_pregraph_bytecode_exit",
+        # csrc/inductor/graph_call.c's finally
+        "_metrics_context_tls",
+        "get_runtime_metrics_context",
     )),
     ("_compile.py", (
         # their decorator's inner (_pregraph.py checks its code)
         "_disable_dynamo",
+    )),
+    ("_inductor/output_code.py", (
+        # csrc/inductor/graph_call.c and what it reads or calls per call
+        "CompiledFxGraph.__call__",
+    )),
+    ("_inductor/debug.py", (
+        "RECORD_GRAPH_EXECUTION",
+        "GRAPH_EXECUTION_ORDER",
+    )),
+    ("_inductor/runtime/autotune_cache.py", (
+        "AutotuneCacheBundler.has_active_compile",
+        "AutotuneCacheBundler._get_context_bundler",
+        "AutotuneCacheBundler.end_compile",
+    )),
+    ("_dynamo/metrics_context.py", (
+        "RuntimeMetricsContext.finish",
     )),
     ("_dynamo/output_graph.py", (
         # _disable.install_graph_globals: how a compiled graph, wrapped in

@@ -168,6 +168,15 @@ class Release:
     # raise the latter). 2.13's generated call reads them into a tuple first
     # -> plan bit bump_from_generator.
     bump_from_generator: bool = False
+    # --- inductor's CompiledFxGraph.__call__ (csrc/inductor/graph_call.c) ---
+    # 2.13 on: each graph keeps its compile context for the autotune-cache
+    # bundler (self._compile_context, entered on its first calls, then
+    # None); 2.11/2.12 have none and call AutotuneCacheBundler.end_compile()
+    # after every call -> GraphCall's compile_context.
+    graph_call_compile_context: bool = True
+    # 2.14 on: `if self.current_callable is None: raise AssertionError(msg)`
+    # where 2.13 has a bare `assert` -> GraphCall's assert_message.
+    graph_call_assert_message: str | None = None
     # CompiledFunction.backward takes the grads boxed (boxed_grads_call,
     # BackwardCFunction.apply_boxed, backward(ctx, grads_list): 2.13 on);
     # 2.11/2.12's reference CompiledFunction takes them unboxed
@@ -303,6 +312,7 @@ _REL_212 = Release(
     subclass_wrapper_mirrored=False,
     prologue_range_exited_on_error=True,
     bump_from_generator=True,
+    graph_call_compile_context=False,
 )
 
 
@@ -362,6 +372,7 @@ VERIFIED: tuple[Release, ...] = (
         subclass_act_inputs="act_input_paths",
         tangent_fake_check_cpp=True,
         alias_translates_storage_offset=True,
+        graph_call_assert_message="self.current_callable must not be None",
     ),
     Release(
         series=(2, 15),
@@ -382,6 +393,7 @@ VERIFIED: tuple[Release, ...] = (
         subclass_act_inputs="act_input_paths",
         tangent_fake_check_cpp=True,
         alias_translates_storage_offset=True,
+        graph_call_assert_message="self.current_callable must not be None",
     ),
 )
 

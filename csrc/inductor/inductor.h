@@ -1,0 +1,38 @@
+/* inductor: inductor's per-call layer in C: CompiledFxGraph.__call__
+ * (graph_call.c). The state it keeps in rt_state is declared here. */
+#ifndef TORCH_AOT_RT_INDUCTOR_H
+#define TORCH_AOT_RT_INDUCTOR_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* How each call of a GraphCall ran. */
+enum rt_graph_call_count {
+    RT_GRAPH_CALL_C,               /* in C */
+    RT_GRAPH_CALL_UPSTREAM,        /* upstream's: switched off, other arguments */
+    RT_GRAPH_CALL_RECORDING,       /* upstream's: debug.RECORD_GRAPH_EXECUTION */
+    RT_GRAPH_CALL_COMPILE_CONTEXT, /* upstream's: the graph keeps a compile context (its first calls) */
+    RT_GRAPH_CALL_PROFILER,        /* upstream's: the profiler is on (its range) */
+    RT_GRAPH_CALL_N
+};
+
+/* interned once, at module init (rt_inductor_names_init) */
+typedef struct {
+    PyObject *str_current_callable, *str_compile_context;
+    PyObject *str_record_graph_execution, *str_graph_execution_order;
+    PyObject *str_metrics_tls, *str_runtime_metrics_context, *str_get_runtime_metrics;
+    PyObject *str_metrics, *str_finish, *str_bundler, *str_end_compile;
+} rt_inductor_names;
+
+int rt_inductor_names_init(rt_inductor_names *n);
+int rt_inductor_names_traverse(rt_inductor_names *n, visitproc visit, void *arg);
+void rt_inductor_names_clear(rt_inductor_names *n);
+
+struct rt_state;
+extern PyType_Spec GraphCall_spec;
+/* Creates the GraphCall type into the module state. */
+int rt_inductor_types_init(PyObject *module, struct rt_state *st);
+/* _C._graph_call_stats(reset=False) */
+PyObject *rt_graph_call_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+#endif
