@@ -149,6 +149,15 @@ class E2ECase:
     def available(self):
         return tuple(v for v in E2E_VARIANTS if v in self.fns)
 
+    def switched(self, variant: str) -> contextlib.AbstractContextManager:
+        """The C runtime's switch for calls of ``variant``: the layers that
+        follow it on every call (Dynamo's pregraph bytecode hooks) run
+        upstream's for the upstream variant, as its compile did."""
+        rt = _cases.torch_aot_rt
+        if rt is None or variant == "eager":
+            return contextlib.nullcontext()
+        return rt.enabled(variant != "upstream")
+
 
 def _run(fn, x, backward: bool):
     """One call of ``fn`` on ``x``, and ``.backward(g)`` of the result if asked."""
@@ -273,7 +282,7 @@ def check_c_matches_upstream(case: E2ECase) -> tuple[bool | None, str]:
         x = case.x.detach().clone().requires_grad_(case.x.requires_grad)
         for p in params:
             p.grad = None
-        with case.context():
+        with case.context(), case.switched(variant):
             out = case.fns[variant](x)
             result = _cases.describe(out, (x,))
             grad = None

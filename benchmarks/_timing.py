@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import statistics
@@ -45,20 +46,23 @@ def interleaved(
     rounds: int,
     number: int,
     context: Callable[[], object] | None = None,
+    switched: Callable[[str], object] | None = None,
 ) -> dict[str, list[float]]:
     """ns/call per round for each variant; each round runs every variant once,
-    in an order rotated from round to round."""
+    in an order rotated from round to round. ``switched(variant)``: a context
+    each variant's calls run in (the C runtime's switch, _e2e)."""
     names = list(runs)
     samples: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[: r % len(names)]
         gc.collect()
         for name in order:
-            if context is None:
+            with contextlib.ExitStack() as stack:
+                if context is not None:
+                    stack.enter_context(context())
+                if switched is not None:
+                    stack.enter_context(switched(name))
                 samples[name].append(time_calls(runs[name], number))
-            else:
-                with context():
-                    samples[name].append(time_calls(runs[name], number))
     return samples
 
 

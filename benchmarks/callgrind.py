@@ -131,7 +131,9 @@ def inner_toggle(helper: str, case_names, calls: int, e2e: bool, function: bool,
             for variant in variants:
                 run = case.call("c" if variant == "c_core" else variant)
                 _cases._C is not None and _cases._C._set_cpp_routes(variant != "c_core")
-                with ctx():
+                switched = getattr(case, "switched", None)
+                with ctx(), (switched("c" if variant == "c_core" else variant)
+                             if switched else contextlib.nullcontext()):
                     _loop(run, 50)  # warm, now with instrumentation on
                     for n in (0, calls):
                         lib.cg_zero()

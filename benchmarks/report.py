@@ -113,7 +113,8 @@ def run_table(title, cases, variants, base, *, rounds, target_s, check, context_
         runs = {v: case.call(v) for v in variants if case.call(v) is not None}
         number = _timing.calibrate(runs, target_s)
         ctx = context_of(case) if context_of else None
-        samples = _timing.interleaved(runs, rounds=rounds, number=number, context=ctx)
+        samples = _timing.interleaved(runs, rounds=rounds, number=number, context=ctx,
+                                      switched=getattr(case, "switched", None))
         s = _timing.summarize(samples, base)
         ok, msg = check(case)
         results[name] = (s, ok, msg)

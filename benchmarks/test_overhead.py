@@ -89,7 +89,7 @@ def test_end_to_end(benchmark, row, variant):
         pytest.skip(case.c_note or f"{variant} unavailable")
     benchmark.group = f"torch.compile aot_eager: {row}"
     benchmark.extra_info["description"] = case.description
-    with case.context():
+    with case.context(), case.switched(variant):
         benchmark(run)
 
 

@@ -105,6 +105,9 @@ static PyMethodDef module_methods[] = {
      PyDoc_STR("_disable_wrapper_for(obj)\nobj, or a DisabledCall over it when it is a "
                "torch._dynamo.disable wrapper (once _bind_disable() verified them); counted "
                "in _disable_stats().")},
+    {"_graph_call_mark", rt_graph_call_mark, METH_O,
+     PyDoc_STR("_graph_call_mark(graph)\nLet graph's calls run in C (compiled with the C "
+               "runtime on).")},
     {"_graph_call_stats", (PyCFunction)(void (*)(void))rt_graph_call_stats, METH_FASTCALL,
      PyDoc_STR("_graph_call_stats(reset=False)\nCalls of the C CompiledFxGraph.__call__ by "
                "path; reset zeroes the counts.")},

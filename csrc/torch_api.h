@@ -121,6 +121,7 @@ typedef struct rt_state {
     Py_ssize_t pregraph_counts[RT_PREGRAPH_N];
     /* inductor (inductor/graph_call.c) */
     PyTypeObject *GraphCallType;
+    PyObject *graph_call_graphs;          /* {id(graph): weakref}: compiled with C on */
     rt_inductor_names inductor;
     Py_ssize_t graph_call_counts[RT_GRAPH_CALL_N];
     PyTypeObject *SubclassWrapperType;    /* subclass_wrapper.c */

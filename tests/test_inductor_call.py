@@ -32,6 +32,9 @@ def _in_c() -> bool:
     return False
 
 
+UPSTREAM_OFF = "upstream calls: compiled with the C runtime off, or other arguments"
+
+
 def _counts():
     return torch_aot_rt.stats()["inductor_graph_call"]
 
@@ -53,7 +56,7 @@ def differential(program, *, expect_on=None):
     off, off_counts = _run(False, program)
     on, on_counts = _run(True, program)
     D.assert_same(off, on)
-    assert set(off_counts) <= {"upstream calls: switched off or other arguments"}, off_counts
+    assert set(off_counts) <= {UPSTREAM_OFF}, off_counts
     if expect_on is not None and in_c:
         assert on_counts == expect_on, on_counts
     return off
@@ -201,3 +204,26 @@ def _compiled_graph():
     g(x, w)
     (graph,) = [o for o in _graphs() if id(o) not in known and o.current_callable is not None]
     return g, x, w, graph
+
+
+def test_decided_when_compiled():
+    """Which __call__ a graph runs is decided when it is compiled: a graph
+    compiled with the C runtime off runs upstream's when called with it on,
+    one compiled with it on runs in C when called with it off."""
+    if not _in_c():
+        return
+    torch._dynamo.reset()
+    with D.runtime(False):
+        g_off, x, w = _compiled()
+        g_off(x, w)
+    with D.runtime(True):
+        g_on = torch.compile(lambda x, w: f(x, w) + 0, backend="inductor")
+        g_on(x, w)
+    before = _counts()
+    with D.runtime(True):
+        g_off(x, w)
+    with D.runtime(False):
+        g_on(x, w)
+    after = _counts()
+    delta = {k: v - before[k] for k, v in after.items() if v != before[k]}
+    assert delta == {UPSTREAM_OFF: 1, "calls in C": 1}, delta

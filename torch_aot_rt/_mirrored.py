@@ -185,6 +185,7 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_inductor/output_code.py", (
         # csrc/inductor/graph_call.c and what it reads or calls per call
         "CompiledFxGraph.__call__",
+        "CompiledFxGraph.post_compile",
     )),
     ("_inductor/debug.py", (
         "RECORD_GRAPH_EXECUTION",

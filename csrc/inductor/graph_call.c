@@ -28,10 +28,13 @@
  * only while the class's _bundler is set.)
  *
  * A GraphCall replaces the class's __call__ (a method descriptor: called
- * with the graph as its first argument). It reads what upstream reads on
- * each call, in the same order, and in the steady state (the C runtime on,
- * a current callable, no graph-execution recording, no compile context,
- * the profiler off) calls current_callable(inputs) itself, then does the
+ * with the graph as its first argument). Graphs compiled with the C runtime
+ * off keep upstream's __call__: _inductor.py marks the others when their
+ * post_compile runs (rt_graph_call_mark, a registry of weak references by
+ * id). For a marked graph it reads what upstream reads on each call, in the
+ * same order, and in the steady state (a current callable, no
+ * graph-execution recording, no compile context, the profiler off) calls
+ * current_callable(inputs) itself, then does the
  * `finally` in C: the thread's RuntimeMetricsContext (made by upstream's
  * get_runtime_metrics_context where the thread has none yet) is finished
  * only when it holds metrics (finish() does nothing otherwise), and on 2.12
@@ -45,7 +48,6 @@
 typedef struct {
     RT_FN_HEAD
     PyObject *upstream;        /* CompiledFxGraph.__call__, upstream's */
-    PyObject *switch_;         /* torch_aot_rt._state._enabled, [bool] */
     PyObject *debug_globals;   /* torch._inductor.debug.__dict__ */
     PyObject *utils_globals;   /* torch._dynamo.utils.__dict__ */
     PyObject *metrics_cls;     /* RuntimeMetricsContext */
@@ -53,6 +55,41 @@ typedef struct {
     PyObject *assert_message;  /* 2.14 on: the AssertionError's message; NULL: a bare assert */
     bool compile_context;      /* 2.13 on: self._compile_context */
 } GraphCall;
+
+/* ---- the graphs compiled with the C runtime on ------------------------------ */
+
+/* registry key: the graph's address (CompiledFxGraph, a dataclass, is not
+ * hashable); the value a weak reference to it, so an address reused by
+ * another object after the graph died does not count */
+static int
+graph_marked(rt_state *st, PyObject *graph)
+{
+    PyObject *key = PyLong_FromVoidPtr(graph);
+    if (key == NULL) {
+        return -1;
+    }
+    PyObject *ref = PyDict_GetItemWithError(st->graph_call_graphs, key);
+    Py_DECREF(key);
+    if (ref == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    return PyWeakref_GET_OBJECT(ref) == graph;
+}
+
+PyObject *
+rt_graph_call_mark(PyObject *module, PyObject *graph)
+{
+    rt_state *st = PyModule_GetState(module);
+    PyObject *key = PyLong_FromVoidPtr(graph);
+    PyObject *ref = key != NULL ? PyWeakref_NewRef(graph, NULL) : NULL;
+    int rc = ref != NULL ? PyDict_SetItem(st->graph_call_graphs, key, ref) : -1;
+    Py_XDECREF(key);
+    Py_XDECREF(ref);
+    if (rc < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
 
 /* ---- per call ------------------------------------------------------------ */
 
@@ -194,8 +231,13 @@ GraphCall_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObjec
     GraphCall *self = (GraphCall *)op;
     rt_state *st = self->st;
     rt_inductor_names *n = &st->inductor;
-    if (PyList_GET_ITEM(self->switch_, 0) != Py_True || PyVectorcall_NARGS(nargsf) != 2 ||
-        kwnames != NULL) {
+    int marked = PyVectorcall_NARGS(nargsf) == 2 && kwnames == NULL
+                     ? graph_marked(st, argv[0])
+                     : 0;
+    if (marked <= 0) {
+        if (marked < 0) {
+            return NULL;
+        }
         st->graph_call_counts[RT_GRAPH_CALL_UPSTREAM]++;
         return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
     }
@@ -242,22 +284,20 @@ GraphCall_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObjec
 static PyObject *
 GraphCall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"upstream", "switch", "debug", "utils", "metrics_cls",
-                               "bundler_cls", "compile_context", "assert_message", NULL};
-    PyObject *upstream, *switch_, *debug, *utils, *metrics_cls, *bundler_cls;
+    static char *keywords[] = {"upstream", "debug", "utils", "metrics_cls", "bundler_cls",
+                               "compile_context", "assert_message", NULL};
+    PyObject *upstream, *debug, *utils, *metrics_cls, *bundler_cls;
     PyObject *message = Py_None;
     int compile_context;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OO!O!O!O!O!pO:GraphCall", keywords,
-                                     &upstream, &PyList_Type, &switch_, &PyModule_Type, &debug,
-                                     &PyModule_Type, &utils, &PyType_Type, &metrics_cls,
-                                     &PyType_Type, &bundler_cls, &compile_context, &message)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OO!O!O!O!pO:GraphCall", keywords,
+                                     &upstream, &PyModule_Type, &debug, &PyModule_Type, &utils,
+                                     &PyType_Type, &metrics_cls, &PyType_Type, &bundler_cls,
+                                     &compile_context, &message)) {
         return NULL;
     }
-    if (!PyCallable_Check(upstream) || PyList_GET_SIZE(switch_) != 1 ||
-        (message != Py_None && !PyUnicode_Check(message))) {
+    if (!PyCallable_Check(upstream) || (message != Py_None && !PyUnicode_Check(message))) {
         PyErr_SetString(PyExc_ValueError,
-                        "GraphCall: upstream must be callable, switch a one-item list, "
-                        "assert_message a str or None");
+                        "GraphCall: upstream must be callable, assert_message a str or None");
         return NULL;
     }
     GraphCall *self = (GraphCall *)rt_fn_alloc(type, GraphCall_vectorcall);
@@ -265,7 +305,6 @@ GraphCall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     self->upstream = Py_NewRef(upstream);
-    self->switch_ = Py_NewRef(switch_);
     self->debug_globals = Py_NewRef(PyModule_GetDict(debug));
     self->utils_globals = Py_NewRef(PyModule_GetDict(utils));
     self->metrics_cls = Py_NewRef(metrics_cls);
@@ -282,7 +321,6 @@ GraphCall_traverse(GraphCall *self, visitproc visit, void *arg)
     Py_VISIT(self->module);
     Py_VISIT(self->dict);
     Py_VISIT(self->upstream);
-    Py_VISIT(self->switch_);
     Py_VISIT(self->debug_globals);
     Py_VISIT(self->utils_globals);
     Py_VISIT(self->metrics_cls);
@@ -296,7 +334,6 @@ GraphCall_clear(GraphCall *self)
 {
     Py_CLEAR(self->dict);
     Py_CLEAR(self->upstream);
-    Py_CLEAR(self->switch_);
     Py_CLEAR(self->debug_globals);
     Py_CLEAR(self->utils_globals);
     Py_CLEAR(self->metrics_cls);
@@ -308,10 +345,10 @@ GraphCall_clear(GraphCall *self)
 DEFINE_DEALLOC(GraphCall, (void)0)
 FN_MEMBERS(GraphCall)
 FN_SPEC(GraphCall,
-        "GraphCall(*, upstream, switch, debug, utils, metrics_cls, bundler_cls, "
-        "compile_context, assert_message): what inductor's CompiledFxGraph.__call__, "
-        "`upstream`, does, in C in the steady state (the C runtime on, no recording, "
-        "no compile context, the profiler off); upstream's otherwise.")
+        "GraphCall(*, upstream, debug, utils, metrics_cls, bundler_cls, compile_context, "
+        "assert_message): what inductor's CompiledFxGraph.__call__, `upstream`, does, in C "
+        "for graphs marked by _graph_call_mark in the steady state (no recording, no "
+        "compile context, the profiler off); upstream's otherwise.")
 
 /* ---- registration and counts ---------------------------------------------- */
 
@@ -322,12 +359,13 @@ rt_inductor_types_init(PyObject *module, rt_state *st)
     if (st->GraphCallType == NULL || PyModule_AddType(module, st->GraphCallType) < 0) {
         return -1;
     }
-    return 0;
+    st->graph_call_graphs = PyDict_New();
+    return st->graph_call_graphs != NULL ? 0 : -1;
 }
 
 static const char *const count_names[RT_GRAPH_CALL_N] = {
     [RT_GRAPH_CALL_C] = "calls in C",
-    [RT_GRAPH_CALL_UPSTREAM] = "upstream calls: switched off or other arguments",
+    [RT_GRAPH_CALL_UPSTREAM] = "upstream calls: compiled with the C runtime off, or other arguments",
     [RT_GRAPH_CALL_RECORDING] = "upstream calls: graph execution recorded",
     [RT_GRAPH_CALL_COMPILE_CONTEXT] = "upstream calls: an autotune-cache compile context",
     [RT_GRAPH_CALL_PROFILER] = "upstream calls: profiler on",

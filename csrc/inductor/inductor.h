@@ -9,7 +9,7 @@
 /* How each call of a GraphCall ran. */
 enum rt_graph_call_count {
     RT_GRAPH_CALL_C,               /* in C */
-    RT_GRAPH_CALL_UPSTREAM,        /* upstream's: switched off, other arguments */
+    RT_GRAPH_CALL_UPSTREAM,        /* upstream's: compiled with the C runtime off, other arguments */
     RT_GRAPH_CALL_RECORDING,       /* upstream's: debug.RECORD_GRAPH_EXECUTION */
     RT_GRAPH_CALL_COMPILE_CONTEXT, /* upstream's: the graph keeps a compile context (its first calls) */
     RT_GRAPH_CALL_PROFILER,        /* upstream's: the profiler is on (its range) */
@@ -32,6 +32,9 @@ struct rt_state;
 extern PyType_Spec GraphCall_spec;
 /* Creates the GraphCall type into the module state. */
 int rt_inductor_types_init(PyObject *module, struct rt_state *st);
+/* _C._graph_call_mark(graph): graph's calls may run in C (it was compiled
+ * with the C runtime on) */
+PyObject *rt_graph_call_mark(PyObject *module, PyObject *graph);
 /* _C._graph_call_stats(reset=False) */
 PyObject *rt_graph_call_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
