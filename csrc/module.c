@@ -105,6 +105,16 @@ static PyMethodDef module_methods[] = {
      PyDoc_STR("_disable_wrapper_for(obj)\nobj, or a DisabledCall over it when it is a "
                "torch._dynamo.disable wrapper (once _bind_disable() verified them); counted "
                "in _disable_stats().")},
+    {"_bind_compile_wrapper", (PyCFunction)(void (*)(void))rt_bind_compile_wrapper,
+     METH_VARARGS | METH_KEYWORDS,
+     PyDoc_STR("_bind_compile_wrapper(**what Dynamo's compile_wrapper reads)\nBind the C "
+               "compile_wrapper's state once the shim verified it.")},
+    {"_compile_wrapper_for", rt_compile_wrapper_for, METH_O,
+     PyDoc_STR("_compile_wrapper_for(wrapper)\nwrapper, or a CompileWrapper over it when it "
+               "is the verified compile_wrapper (counted).")},
+    {"_compile_wrapper_stats", (PyCFunction)(void (*)(void))rt_cw_stats, METH_FASTCALL,
+     PyDoc_STR("_compile_wrapper_stats(reset=False)\nCompileWrappers built and their calls "
+               "by path; reset zeroes the counts.")},
     {"_graph_call_mark", rt_graph_call_mark, METH_O,
      PyDoc_STR("_graph_call_mark(graph)\nLet graph's calls run in C (compiled with the C "
                "runtime on).")},

@@ -389,7 +389,7 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
     X(kwnames_steal_disable_amp)                                          \
     X(SubclassWrapperType) X(str_tensor_unflatten) X(str_clear)                 \
     X(PregraphHookType) X(NullContextType) X(null_context) X(str_dynamo_disable) \
-    X(str_pregraph_range) X(GraphCallType) X(graph_call_graphs)
+    X(str_pregraph_range) X(GraphCallType) X(graph_call_graphs) X(CompileWrapperType)
 
 int
 rt_state_traverse(rt_state *st, visitproc visit, void *arg)
@@ -414,6 +414,10 @@ rt_state_traverse(rt_state *st, visitproc visit, void *arg)
     if (rc != 0) {
         return rc;
     }
+    rc = rt_cw_traverse(&st->cw, visit, arg);
+    if (rc != 0) {
+        return rc;
+    }
     return rt_disable_traverse(&st->disable, visit, arg);
 }
 
@@ -430,6 +434,7 @@ rt_state_clear(rt_state *st)
     }
     rt_disable_clear(&st->disable);
     rt_inductor_names_clear(&st->inductor);
+    rt_cw_clear(&st->cw);
     rt_wrappers_state_clear(&st->wrappers);
     rt_alias_state_clear(&st->alias);
     st->cpp = st->cpp_loaded = NULL; /* its capsule was cleared above */

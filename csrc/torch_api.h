@@ -19,6 +19,7 @@
 #include <stdbool.h>
 
 #include "aot/alias_state.h"
+#include "dynamo/compile_wrapper.h"
 #include "dynamo/disable.h"
 #include "inductor/inductor.h"
 #include "torch_cpp_api.h"
@@ -114,6 +115,8 @@ typedef struct rt_state {
     PyTypeObject *ParamsPrependType;      /* params_prepend.c */
     PyTypeObject *DisabledCallType;       /* dynamo/disable.c */
     PyTypeObject *PregraphHookType;       /* dynamo/pregraph.c */
+    PyTypeObject *CompileWrapperType;     /* dynamo/compile_wrapper.c */
+    rt_cw_state cw;
     PyTypeObject *NullContextType;
     PyObject *null_context;               /* its one instance */
     PyObject *str_dynamo_disable;         /* __dynamo_disable */

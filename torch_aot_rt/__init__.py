@@ -94,7 +94,9 @@ def stats() -> dict:
     (``torch._dynamo.utils.record_pregraph_bytecode_enter``/``_exit``) by
     path: ``calls in C``, or why upstream's ran. ``inductor_graph_call``:
     calls of inductor's compiled graphs (``CompiledFxGraph.__call__``) by
-    path, the same way.
+    path, the same way. ``dynamo_compile_wrapper``: compiled functions whose
+    ``compile_wrapper`` (what ``torch.compile`` returns) runs in C
+    (``built``), and their calls by path.
     """
     gate = _state.gate()
     inactive = _state.installed.get("closed") if gate else None
@@ -113,6 +115,7 @@ def stats() -> dict:
     out["dynamo_disable"]["unavailable"] = _state.disable_unavailable()
     out["dynamo_pregraph"] = _pregraph_stats()
     out["inductor_graph_call"] = _graph_call_stats()
+    out["dynamo_compile_wrapper"] = _compile_wrapper_stats()
     return out
 
 
@@ -146,6 +149,12 @@ def _graph_call_stats(reset: bool = False) -> dict:
     return _C._graph_call_stats(reset)
 
 
+def _compile_wrapper_stats(reset: bool = False) -> dict:
+    from . import _C
+
+    return _C._compile_wrapper_stats(reset)
+
+
 def reset_stats() -> None:
     _state.reset_counters()
     _node_stats(reset=True)
@@ -153,6 +162,7 @@ def reset_stats() -> None:
     _disable_stats(reset=True)
     _pregraph_stats(reset=True)
     _graph_call_stats(reset=True)
+    _compile_wrapper_stats(reset=True)
 
 
 if os.environ.get("TORCH_AOT_RT", "1").strip().lower() not in ("0", "false", "off", "no"):

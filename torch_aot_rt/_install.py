@@ -338,7 +338,8 @@ def _replace_layers(rw) -> list:
     import torch._functorch.aot_autograd as aot_autograd
 
     from . import (
-        _disable, _guards, _inductor, _pregraph, _prepend, _serializable, _subclass, _wrappers,
+        _compile_wrapper, _disable, _guards, _inductor, _pregraph, _prepend, _serializable,
+        _subclass, _wrappers,
     )
 
     replaced = []
@@ -347,12 +348,15 @@ def _replace_layers(rw) -> list:
         ("pregraph bytecode hooks", _pregraph.install, None),
         ("compiled graphs' disable wrapper", _disable.install_graph_globals, None),
         ("inductor's CompiledFxGraph.__call__", _inductor.install, None),
+        ("Dynamo's compile_wrapper", _compile_wrapper.install, "release"),
         ("SerializableCompiledFunction", _serializable.install, rw),
         ("params prepend", _prepend.install, aot_autograd),
         ("compiler wrappers", _wrappers.install, rw),
         ("subclass wrapper", _subclass.install, rw),
     ):
         try:
+            if arg == "release":
+                arg = _state.release()
             record = install() if arg is None else install(arg)
         except Exception as e:
             _state.count_fallback(f"{name}: {_state.internal_error(e)}")

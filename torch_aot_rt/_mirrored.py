@@ -177,6 +177,9 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         # csrc/inductor/graph_call.c's finally
         "_metrics_context_tls",
         "get_runtime_metrics_context",
+        # compile_wrapper's error_on_graph_break
+        "_get_error_on_graph_break",
+        "_set_error_on_graph_break",
     )),
     ("_compile.py", (
         # their decorator's inner (_pregraph.py checks its code)
@@ -218,6 +221,28 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "DisableContext",
         "_callback_from_stance",
         "_maybe_set_eval_frame",
+        # csrc/dynamo/compile_wrapper.c: compile_wrapper (in __call__), the
+        # enter hooks (in __init__), and the helpers it calls
+        "_TorchDynamoContext",
+        "OptimizeContext",
+        "DynamoStance",
+        "_is_skip_guard_eval_unsafe_stance",
+        "reset_skip_reasons",
+        "get_skip_reasons",
+        "_is_eager_on_nested_compile",
+        "_force_eager_nested_compile",
+    )),
+    ("_guards.py", (
+        "TracingContext.try_get",
+        "_TLS",
+    )),
+    ("fx/_symbolic_trace.py", (
+        "is_fx_symbolic_tracing",
+        "_is_fx_tracing_flag",
+    )),
+    ("_dynamo/mutation_guard.py", (
+        "install_generation_tagging_init",
+        "GenerationTracker",
     )),
     ("compiler/__init__.py", (
         "is_exporting",

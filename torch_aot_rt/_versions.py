@@ -177,6 +177,16 @@ class Release:
     # 2.14 on: `if self.current_callable is None: raise AssertionError(msg)`
     # where 2.13 has a bare `assert` -> GraphCall's assert_message.
     graph_call_assert_message: str | None = None
+    # --- Dynamo's compile_wrapper (csrc/dynamo/compile_wrapper.c) ---
+    # mirrored for this release (2.13 on; 2.12's differs in its fullgraph
+    # check, error_on_graph_break and isolate-recompiles handling: upstream's,
+    # counted)
+    compile_wrapper_mirrored: bool = True
+    # 2.14 on: the local dispatch key set saved on a C++ thread-local stack
+    # (torch._C._dynamo_save/restore_local_dispatch_key_set) where 2.13 enters
+    # torch._C._ForceDispatchKeyGuard(include, exclude); and a nested eager
+    # region (_is_eager_on_nested_compile) runs fn directly.
+    compile_wrapper_cpp_key_stack: bool = False
     # CompiledFunction.backward takes the grads boxed (boxed_grads_call,
     # BackwardCFunction.apply_boxed, backward(ctx, grads_list): 2.13 on);
     # 2.11/2.12's reference CompiledFunction takes them unboxed
@@ -313,6 +323,7 @@ _REL_212 = Release(
     prologue_range_exited_on_error=True,
     bump_from_generator=True,
     graph_call_compile_context=False,
+    compile_wrapper_mirrored=False,
 )
 
 
@@ -373,6 +384,7 @@ VERIFIED: tuple[Release, ...] = (
         tangent_fake_check_cpp=True,
         alias_translates_storage_offset=True,
         graph_call_assert_message="self.current_callable must not be None",
+        compile_wrapper_cpp_key_stack=True,
     ),
     Release(
         series=(2, 15),
@@ -394,6 +406,7 @@ VERIFIED: tuple[Release, ...] = (
         tangent_fake_check_cpp=True,
         alias_translates_storage_offset=True,
         graph_call_assert_message="self.current_callable must not be None",
+        compile_wrapper_cpp_key_stack=True,
     ),
 )
 

@@ -16,6 +16,7 @@ rt_dynamo_types_init(PyObject *module, rt_state *st)
         {&DisabledCall_spec, &st->DisabledCallType},
         {&PregraphHook_spec, &st->PregraphHookType},
         {&NullContext_spec, &st->NullContextType},
+        {&CompileWrapper_spec, &st->CompileWrapperType},
     };
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         *types[i].slot = (PyTypeObject *)PyType_FromModuleAndSpec(module, types[i].spec, NULL);

@@ -1,0 +1,1045 @@
+/* compile_wrapper.c: CompileWrapper, Dynamo's compile_wrapper in C.
+ *
+ * torch.compile(fn) returns _TorchDynamoContext.__call__'s compile_wrapper
+ * (torch/_dynamo/eval_frame.py; OptimizedModule's forward is one too). On
+ * every call it runs, in this order (2.13; what 2.14 on changes in [ ]):
+ *
+ *     prior = set_eval_frame(None)
+ *     [if _is_eager_on_nested_compile() and ...: return fn(*args, **kwargs)]
+ *     if self.fullgraph:
+ *         prior_nested = set_fullgraph_error_on_nested_compile(config.error_on_...)
+ *         if not self.export:
+ *             fg_count = set_fullgraph_compiled_frame_count(0) < 0
+ *             if fg_count: reset_skip_reasons()
+ *     try:
+ *         (a tracing context in a kernel invocation, exporting, FX symbolic
+ *          tracing: run fn eagerly; torch.jit tracing: an error)
+ *         cleanups = [enter() for enter in self.enter_exit_hooks]
+ *         prior_skip = set_skip_guard_eval_unsafe(_is_skip_guard_eval_unsafe_stance())
+ *         prior_id = set_eval_frame_isolate_recompiles_id(self._isolate_recompiles_id)
+ *         (error_on_graph_break: set where it differs, restored after)
+ *         depth = torch._C._functorch.get_dynamic_layer_stack_depth()
+ *         include, exclude = the local dispatch key sets     [C++ save instead]
+ *         _maybe_set_eval_frame(_callback_from_stance(callback))
+ *         with torch._C._ForceDispatchKeyGuard(include, exclude):   [try:]
+ *             try:
+ *                 result = fn(*args, **kwargs)
+ *             except (Unsupported, ...): re-raised, tracebacks of causes stripped
+ *             except ShortenTraceback as e: raise e.remove_dynamo_frames() from None
+ *             finally:
+ *                 set_eval_frame(None)
+ *                 (fullgraph: no compiled frame -> RuntimeError)
+ *                 (error_on_graph_break, the nested-compile flag restored)
+ *                 torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(depth)
+ *                 set_skip_guard_eval_unsafe(prior_skip)
+ *                 set_eval_frame_isolate_recompiles_id(prior_id)
+ *                 for cleanup in cleanups: cleanup()
+ *                                                   [finally: C++ restore]
+ *         return result
+ *     finally:
+ *         if fg_count: set_fullgraph_compiled_frame_count(-1); dynamo_tls.skip_reasons = None
+ *         _maybe_set_eval_frame(prior)
+ *
+ * The helpers are Python functions of eval_frame (and the enter hook of
+ * torch.compile's context, which bumps the generation count that nn.Module
+ * construction is tagged with); the rest calls into torch's C.
+ *
+ * A CompileWrapper replaces a compile_wrapper (made when the function or
+ * module is compiled with the C runtime on; _compile_wrapper.py). Per call
+ * it checks, before anything happens, that the state is the one it handles
+ * (the default stance with no backend override, no tracing context, not
+ * exporting, no FX or jit tracing, not in a nested eager region, no export,
+ * torch.compile's own enter hook, the nn.Module patch installed, and every
+ * eval_frame global it stands in for the one bound); then it makes the same
+ * calls into torch's C, in the same order, with the Python helpers done in
+ * C, on every exit path as the try/finally blocks above; in any other state
+ * the call is upstream's compile_wrapper, counted. Tracebacks have no frame
+ * for the wrapper (the compiler errors it re-raises included).
+ * ====================================================================== */
+#include "dynamo/compile_wrapper.h"
+#include "dynamo/dynamo.h"
+#include "fn_object.h"
+
+enum { CELL_CALLBACK, CELL_FN, CELL_FX, CELL_JIT, CELL_SELF };
+
+typedef struct {
+    RT_FN_HEAD
+    PyObject *upstream;   /* the compile_wrapper */
+    PyObject *cells[5];   /* its closure cells (enum above), read per call */
+} CompileWrapper;
+
+/* What one call read of the context (new references). */
+typedef struct {
+    PyObject *fn, *ctx, *callback;
+    int fullgraph;
+    PyObject *eog;        /* self.error_on_graph_break */
+} cw_call;
+
+static void
+cw_call_clear(cw_call *c)
+{
+    Py_CLEAR(c->fn);
+    Py_CLEAR(c->ctx);
+    Py_CLEAR(c->callback);
+    Py_CLEAR(c->eog);
+}
+
+/* ---- the state check ------------------------------------------------------ */
+
+/* obj.name truthy: 1/0, -1 with an exception */
+static int
+attr_truthy(PyObject *obj, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) {
+        return -1;
+    }
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* getattr(obj, name, None) is not None: 1/0, -1 */
+static int
+attr_present(PyObject *obj, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(v);
+    return v != Py_None;
+}
+
+/* globals[name] truthy: 1/0, -1 (absent: the error upstream's read gives) */
+static int
+global_truthy(PyObject *globals, PyObject *name)
+{
+    PyObject *v = PyDict_GetItemWithError(globals, name);
+    if (v == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_NameError, "name '%U' is not defined", name);
+        }
+        return -1;
+    }
+    return PyObject_IsTrue(v);
+}
+
+/* RT_CW_CALL_C, or the reason upstream's runs; -1 with an exception. Fills
+ * *c (the caller clears it). Reads only. */
+static int
+steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
+{
+    for (int i = 0; i < 5; i++) {
+        if (PyCell_GET(self->cells[i]) == NULL) {
+            return RT_CW_STATE;
+        }
+    }
+    if (PyCell_GET(self->cells[CELL_FX]) != cw->is_fx_symbolic_tracing ||
+        PyCell_GET(self->cells[CELL_JIT]) != cw->is_jit_tracing) {
+        return RT_CW_REPLACED;
+    }
+    for (int g = 0; g < RT_CWG_N; g++) {
+        PyObject *v = PyDict_GetItemWithError(cw->globals, cw->names[g]);
+        if (v != cw->expected[g]) {
+            return v == NULL && PyErr_Occurred() ? -1 : RT_CW_REPLACED;
+        }
+    }
+    /* _callback_from_stance(callback) is callback: the default stance, no
+     * backend forced */
+    PyObject *stance = PyDict_GetItemWithError(cw->globals, cw->str_stance_global);
+    if (stance == NULL) {
+        return PyErr_Occurred() ? -1 : RT_CW_REPLACED;
+    }
+    if (!Py_IS_TYPE(stance, (PyTypeObject *)cw->stance)) {
+        return RT_CW_STATE;
+    }
+    PyObject *name = PyObject_GetAttr(stance, cw->str_stance);
+    if (name == NULL) {
+        return -1;
+    }
+    int is_default = PyUnicode_CheckExact(name) && PyUnicode_Compare(name, cw->str_default) == 0;
+    Py_DECREF(name);
+    if (!is_default) {
+        return RT_CW_STATE;
+    }
+    int v = attr_present(stance, cw->str_backend);
+    if (v != 0) {
+        return v < 0 ? -1 : RT_CW_STATE;
+    }
+    /* 2.14 on: _is_eager_on_nested_compile(): depth > 0 */
+    if (cw->eager_nested != NULL) {
+        PyObject *depth = PyObject_GetAttr(cw->eager_nested, cw->str_depth);
+        if (depth == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                return -1;
+            }
+            PyErr_Clear();
+        }
+        else {
+            PyObject *zero = PyLong_FromLong(0);
+            int positive = zero ? PyObject_RichCompareBool(depth, zero, Py_GT) : -1;
+            Py_XDECREF(zero);
+            Py_DECREF(depth);
+            if (positive != 0) {
+                return positive < 0 ? -1 : RT_CW_STATE;
+            }
+        }
+    }
+    c->fn = Py_NewRef(PyCell_GET(self->cells[CELL_FN]));
+    c->ctx = Py_NewRef(PyCell_GET(self->cells[CELL_SELF]));
+    c->callback = Py_NewRef(PyCell_GET(self->cells[CELL_CALLBACK]));
+    /* self.export */
+    if ((v = attr_truthy(c->ctx, cw->str_export)) != 0) {
+        return v < 0 ? -1 : RT_CW_STATE;
+    }
+    if ((c->fullgraph = attr_truthy(c->ctx, cw->str_fullgraph)) < 0) {
+        return -1;
+    }
+    if ((c->eog = PyObject_GetAttr(c->ctx, cw->str_error_on_graph_break)) == NULL) {
+        return -1;
+    }
+    /* TracingContext.try_get(): getattr(_TLS, "tracing_context", None) */
+    PyObject *tls = PyDict_GetItemWithError(cw->guards_globals, cw->str_tls);
+    if (tls == NULL) {
+        return PyErr_Occurred() ? -1 : RT_CW_REPLACED;
+    }
+    if ((v = attr_present(tls, cw->str_tracing_context)) != 0) {
+        return v < 0 ? -1 : RT_CW_STATE;
+    }
+    /* torch.compiler.is_exporting(); is_fx_symbolic_tracing()'s flag;
+     * torch.jit tracing */
+    if ((v = global_truthy(cw->compiler_globals, cw->str_exporting_flag)) != 0 ||
+        (v = global_truthy(cw->fx_globals, cw->str_fx_flag)) != 0) {
+        return v < 0 ? -1 : RT_CW_STATE;
+    }
+    PyObject *jit = PyObject_CallNoArgs(cw->is_jit_tracing);
+    if (jit == NULL) {
+        return -1;
+    }
+    Py_DECREF(jit);
+    if (jit != Py_False) {
+        return RT_CW_STATE;
+    }
+    /* self.enter_exit_hooks is [call_on_enter] over OptimizeContext's
+     * on_enter (install_generation_tagging_init), after its first run */
+    PyObject *hooks = PyObject_GetAttr(c->ctx, cw->str_enter_exit_hooks);
+    if (hooks == NULL) {
+        return -1;
+    }
+    int ok = PyList_CheckExact(hooks) && PyList_GET_SIZE(hooks) == 1;
+    if (ok) {
+        PyObject *h = PyList_GET_ITEM(hooks, 0);
+        PyObject *closure = PyFunction_Check(h) ? PyFunction_GET_CLOSURE(h) : NULL;
+        ok = closure != NULL && PyFunction_GET_CODE(h) == cw->call_on_enter_code &&
+             PyTuple_GET_SIZE(closure) == 1;
+        if (ok) {
+            PyObject *on_enter = PyCell_GET(PyTuple_GET_ITEM(closure, 0));
+            ok = on_enter != NULL && PyFunction_Check(on_enter) &&
+                 PyFunction_GET_CODE(on_enter) == cw->on_enter_code &&
+                 PyFunction_GET_GLOBALS(on_enter) == cw->globals;
+        }
+    }
+    Py_DECREF(hooks);
+    if (!ok) {
+        return RT_CW_STATE;
+    }
+    PyObject *patch = PyObject_GetAttr(cw->module_cls, cw->str_needs_tag_patch);
+    if (patch == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return RT_CW_STATE;
+    }
+    v = PyObject_IsTrue(patch);
+    Py_DECREF(patch);
+    if (v != 0) {
+        return v < 0 ? -1 : RT_CW_STATE;
+    }
+    return RT_CW_CALL_C;
+}
+
+/* ---- the call ------------------------------------------------------------- */
+
+static PyObject *
+call1(PyObject *f, PyObject *arg)
+{
+    return PyObject_Vectorcall(f, &arg, 1, NULL);
+}
+
+/* call1 whose result is dropped: 0, or -1 with an exception */
+static int
+do1(PyObject *f, PyObject *arg)
+{
+    PyObject *r = call1(f, arg);
+    Py_XDECREF(r);
+    return r != NULL ? 0 : -1;
+}
+
+/* The except clauses around fn's call, on the pending exception. */
+static void
+transform_exception(rt_cw_state *cw)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL) {
+        PyException_SetTraceback(value, tb);
+    }
+    int compiler_error = PyObject_IsInstance(value, cw->exc_compiler_error);
+    int shorten = compiler_error == 0 ? PyObject_IsInstance(value, cw->exc_shorten) : 0;
+    if (compiler_error < 0 || shorten < 0) {
+        goto raised; /* the isinstance error, with the exception as context */
+    }
+    if (compiler_error) {
+        PyObject *config = cw->expected[RT_CWG_CONFIG];
+        int verbose = attr_truthy(config, cw->str_verbose);
+        if (verbose != 0) {
+            if (verbose < 0) {
+                goto raised;
+            }
+            PyErr_Restore(type, value, tb); /* bare `raise` */
+            return;
+        }
+        /* strip internal tracebacks from causes */
+        PyObject *cur = Py_NewRef(value);
+        for (;;) {
+            PyObject *cause = PyException_GetCause(cur);
+            if (cause == NULL) {
+                break;
+            }
+            PyObject *r = PyObject_CallMethodOneArg(cause, cw->str_with_traceback, Py_None);
+            Py_XDECREF(r);
+            Py_SETREF(cur, cause);
+            if (r == NULL) {
+                Py_DECREF(cur);
+                goto raised;
+            }
+        }
+        Py_DECREF(cur);
+        /* raise e.with_traceback(None) from e.__cause__ (raising the
+         * exception being handled sets no context) */
+        PyObject *same = PyObject_CallMethodOneArg(value, cw->str_with_traceback, Py_None);
+        if (same == NULL) {
+            goto raised;
+        }
+        PyObject *cause = PyException_GetCause(same);
+        PyException_SetCause(same, cause); /* steals; sets __suppress_context__ */
+        Py_DECREF(type);
+        Py_DECREF(value);
+        Py_XDECREF(tb);
+        /* restored as it is: PyErr_SetObject would make the caller's
+         * handled exception its context */
+        PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(same)), same, PyException_GetTraceback(same));
+        return;
+    }
+    if (shorten) {
+        /* raise e.remove_dynamo_frames() from None */
+        PyObject *e2 = PyObject_CallMethodNoArgs(value, cw->str_remove_dynamo_frames);
+        if (e2 == NULL) {
+            goto raised;
+        }
+        if (!PyExceptionInstance_Check(e2)) {
+            Py_DECREF(e2);
+            PyErr_SetString(PyExc_TypeError, "exceptions must derive from BaseException");
+            goto raised;
+        }
+        PyException_SetCause(e2, NULL);
+        if (e2 != value) {
+            PyException_SetContext(e2, Py_NewRef(value));
+        }
+        Py_DECREF(type);
+        Py_DECREF(value);
+        Py_XDECREF(tb);
+        /* raising an exception keeps its __traceback__ and goes on from it */
+        PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(e2)), e2, PyException_GetTraceback(e2));
+        return;
+    }
+    PyErr_Restore(type, value, tb);
+    return;
+raised:
+    {
+        /* an error while handling: it wins, the exception as its context */
+        PyObject *t2, *v2, *tb2;
+        PyErr_Fetch(&t2, &v2, &tb2);
+        PyErr_NormalizeException(&t2, &v2, &tb2);
+        if (v2 != value) {
+            PyException_SetContext(v2, value); /* steals */
+        }
+        else {
+            Py_DECREF(value);
+        }
+        Py_DECREF(type);
+        Py_XDECREF(tb);
+        PyErr_Restore(t2, v2, tb2);
+    }
+}
+
+/* The fullgraph check in the inner finally: no compiled frame ran. */
+static int
+no_compiled_frames_error(rt_cw_state *cw)
+{
+    PyObject *tls = cw->expected[RT_CWG_DYNAMO_TLS];
+    PyObject *reasons = PyObject_GetAttr(tls, cw->str_skip_reasons);
+    if (reasons == NULL) {
+        return -1;
+    }
+    /* get_skip_reasons(): dynamo_tls.skip_reasons or [] */
+    int any = PyObject_IsTrue(reasons);
+    PyObject *msg = NULL;
+    if (any > 0) {
+        PyObject *lines = PyList_New(0);
+        PyObject *it = lines ? PyObject_GetIter(reasons) : NULL;
+        PyObject *r;
+        while (it != NULL && (r = PyIter_Next(it)) != NULL) {
+            PyObject *line = PyUnicode_FromFormat("  - %S", r);
+            Py_DECREF(r);
+            if (line == NULL || PyList_Append(lines, line) < 0) {
+                Py_XDECREF(line);
+                Py_CLEAR(it);
+                break;
+            }
+            Py_DECREF(line);
+        }
+        if (it != NULL && !PyErr_Occurred()) {
+            PyObject *sep = PyUnicode_FromString("\n");
+            PyObject *joined = sep ? PyUnicode_Join(sep, lines) : NULL;
+            if (joined != NULL) {
+                msg = PyUnicode_FromFormat(
+                    "torch.compile with fullgraph=True found no compiled frames. "
+                    "Skipped frames:\n%U", joined);
+            }
+            Py_XDECREF(joined);
+            Py_XDECREF(sep);
+        }
+        Py_XDECREF(it);
+        Py_XDECREF(lines);
+    }
+    else if (any == 0) {
+        msg = PyUnicode_FromString(
+            "torch.compile with fullgraph=True found no compiled frames. Compilation was "
+            "not attempted and no cached compiled code was found.");
+    }
+    Py_DECREF(reasons);
+    if (msg != NULL) {
+        PyErr_SetObject(PyExc_RuntimeError, msg);
+        Py_DECREF(msg);
+    }
+    return -1;
+}
+
+/* The outer try's body (after the fullgraph set-up): the result, or NULL
+ * with an exception. */
+static PyObject *
+run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *argv, size_t nargsf,
+         PyObject *kwnames, PyObject *prior_nested, int fg_count)
+{
+    PyObject *const *g = cw->expected;
+    PyObject *prior_skip = NULL, *prior_id = NULL, *prior_eog = NULL, *depth = NULL;
+    PyObject *include = NULL, *exclude = NULL, *guard = NULL, *result = NULL;
+
+    /* cleanups = [enter() for enter in self.enter_exit_hooks]: on_enter ->
+     * install_generation_tagging_init(): GenerationTracker.generation += 1 */
+    PyObject *gen = PyObject_GetAttr(cw->generation_tracker, cw->str_generation);
+    PyObject *one = gen ? PyLong_FromLong(1) : NULL;
+    PyObject *next = one ? PyNumber_InPlaceAdd(gen, one) : NULL;
+    int rc = next ? PyObject_SetAttr(cw->generation_tracker, cw->str_generation, next) : -1;
+    Py_XDECREF(gen);
+    Py_XDECREF(one);
+    Py_XDECREF(next);
+    if (rc < 0) {
+        return NULL;
+    }
+    /* set_skip_guard_eval_unsafe(_is_skip_guard_eval_unsafe_stance()) */
+    PyObject *stance = PyDict_GetItemWithError(cw->globals, cw->str_stance_global);
+    PyObject *skip = stance ? PyObject_GetAttr(stance, cw->str_skip_guard) : NULL;
+    if (skip == NULL) {
+        if (stance == NULL && !PyErr_Occurred()) {
+            PyErr_SetString(PyExc_NameError, "name '_stance' is not defined");
+        }
+        return NULL;
+    }
+    prior_skip = call1(g[RT_CWG_SET_SKIP_GUARD], skip);
+    Py_DECREF(skip);
+    if (prior_skip == NULL) {
+        return NULL;
+    }
+    PyObject *isolate = PyObject_GetAttr(c->ctx, cw->str_isolate_id);
+    prior_id = isolate ? call1(g[RT_CWG_SET_ISOLATE_ID], isolate) : NULL;
+    Py_XDECREF(isolate);
+    if (prior_id == NULL) {
+        goto done;
+    }
+    if (!c->fullgraph && c->eog != Py_None) {
+        PyObject *get_eog = PyDict_GetItemWithError(cw->globals, cw->str_get_eog);
+        PyObject *set_eog = get_eog ? PyDict_GetItemWithError(cw->globals, cw->str_set_eog) : NULL;
+        if (set_eog == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_NameError, "name '_get_error_on_graph_break' is not defined");
+            }
+            goto done;
+        }
+        PyObject *current = PyObject_CallNoArgs(get_eog);
+        if (current == NULL) {
+            goto done;
+        }
+        int differs = PyObject_RichCompareBool(current, c->eog, Py_NE);
+        if (differs > 0 && do1(set_eog, c->eog) == 0) {
+            prior_eog = current;
+        }
+        else {
+            Py_DECREF(current);
+            if (differs != 0) {
+                goto done;
+            }
+        }
+    }
+    depth = PyObject_CallNoArgs(cw->get_depth);
+    if (depth == NULL) {
+        goto done;
+    }
+    if (cw->save_keys == NULL) { /* 2.13 */
+        include = PyObject_CallNoArgs(cw->include_set);
+        exclude = include ? PyObject_CallNoArgs(cw->exclude_set) : NULL;
+        if (exclude == NULL) {
+            goto done;
+        }
+    }
+    /* _maybe_set_eval_frame(_callback_from_stance(callback)) */
+    if (do1(g[RT_CWG_MAYBE_SET_EVAL_FRAME], c->callback) < 0) {
+        goto done;
+    }
+    if (cw->save_keys == NULL) {
+        PyObject *args[2] = {include, exclude};
+        guard = PyObject_Vectorcall(cw->force_guard, args, 2, NULL);
+        if (guard == NULL || rt_context_enter(self->st, guard) < 0) {
+            goto done;
+        }
+    }
+    else {
+        PyObject *r = PyObject_CallNoArgs(cw->save_keys);
+        if (r == NULL) {
+            goto done;
+        }
+        Py_DECREF(r);
+    }
+
+    /* try: result = fn(*args, **kwargs) */
+    result = PyObject_Vectorcall(c->fn, argv, nargsf, kwnames);
+    int succeeded = result != NULL;
+    if (!succeeded) {
+        transform_exception(cw);
+    }
+    /* finally: (a step that raises ends the block, as in Python) */
+    {
+        rt_pending_error saved;
+        rt_finally_begin(&saved);
+        int ok = do1(g[RT_CWG_SET_EVAL_FRAME], Py_None) == 0;
+        if (ok && fg_count && succeeded) {
+            PyObject *minus = PyLong_FromLong(-1);
+            PyObject *count = minus ? call1(g[RT_CWG_SET_FG_COUNT], minus) : NULL;
+            Py_XDECREF(minus);
+            ok = count != NULL;
+            if (ok) {
+                long n = PyLong_AsLong(count);
+                Py_DECREF(count);
+                if (n == -1 && PyErr_Occurred()) {
+                    ok = 0;
+                }
+                else if (n == 0) {
+                    PyObject *st_obj = PyDict_GetItemWithError(cw->globals, cw->str_stance_global);
+                    PyObject *name = st_obj ? PyObject_GetAttr(st_obj, cw->str_stance) : NULL;
+                    int is_default = name != NULL && PyUnicode_CheckExact(name) &&
+                                     PyUnicode_Compare(name, cw->str_default) == 0;
+                    Py_XDECREF(name);
+                    if (name == NULL || (is_default && no_compiled_frames_error(cw) < 0)) {
+                        if (!PyErr_Occurred()) {
+                            PyErr_SetString(PyExc_NameError, "name '_stance' is not defined");
+                        }
+                        ok = 0;
+                    }
+                }
+            }
+        }
+        if (ok && prior_eog != NULL) {
+            PyObject *set_eog = PyDict_GetItemWithError(cw->globals, cw->str_set_eog);
+            ok = set_eog != NULL && do1(set_eog, prior_eog) == 0;
+        }
+        if (ok && prior_nested != NULL) {
+            ok = do1(g[RT_CWG_SET_FG_NESTED], prior_nested) == 0;
+        }
+        ok = ok && do1(cw->pop_depth, depth) == 0;
+        ok = ok && do1(g[RT_CWG_SET_SKIP_GUARD], prior_skip) == 0;
+        ok = ok && do1(g[RT_CWG_SET_ISOLATE_ID], prior_id) == 0;
+        /* for cleanup in cleanups: cleanup(): `nothing` */
+        if (rt_finally_end(&saved, ok) < 0) {
+            Py_CLEAR(result);
+        }
+    }
+    if (guard != NULL) {
+        /* the with statement's exit, with the exception leaving its body */
+        if (rt_context_exit(self->st, guard, result == NULL) < 0) {
+            Py_CLEAR(result);
+        }
+    }
+    else {
+        /* finally: torch._C._dynamo_restore_local_dispatch_key_set() */
+        rt_pending_error saved;
+        rt_finally_begin(&saved);
+        PyObject *r = PyObject_CallNoArgs(cw->restore_keys);
+        Py_XDECREF(r);
+        if (rt_finally_end(&saved, r != NULL) < 0) {
+            Py_CLEAR(result);
+        }
+    }
+done:
+    Py_XDECREF(prior_skip);
+    Py_XDECREF(prior_id);
+    Py_XDECREF(prior_eog);
+    Py_XDECREF(depth);
+    Py_XDECREF(include);
+    Py_XDECREF(exclude);
+    Py_XDECREF(guard);
+    return result;
+}
+
+static PyObject *
+CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObject *kwnames)
+{
+    CompileWrapper *self = (CompileWrapper *)op;
+    rt_cw_state *cw = &self->st->cw;
+    cw_call c = {NULL, NULL, NULL, 0, NULL};
+    int path = steady_state(self, cw, &c);
+    if (path != RT_CW_CALL_C) {
+        cw_call_clear(&c);
+        if (path < 0) {
+            return NULL;
+        }
+        cw->counts[path]++;
+        return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
+    }
+    cw->counts[RT_CW_CALL_C]++;
+    PyObject *const *g = cw->expected;
+    PyObject *result = NULL;
+    PyObject *prior_nested = NULL;
+    int fg_count = 0;
+    PyObject *prior = call1(g[RT_CWG_SET_EVAL_FRAME], Py_None);
+    if (prior == NULL) {
+        goto done;
+    }
+    if (c.fullgraph) {
+        /* before the try: an error here leaves `prior` unrestored, as upstream */
+        PyObject *flag = PyObject_GetAttr(g[RT_CWG_CONFIG], cw->str_nested_error_config);
+        prior_nested = flag ? call1(g[RT_CWG_SET_FG_NESTED], flag) : NULL;
+        Py_XDECREF(flag);
+        if (prior_nested == NULL) {
+            goto done;
+        }
+        PyObject *zero = PyLong_FromLong(0);
+        PyObject *count = zero ? call1(g[RT_CWG_SET_FG_COUNT], zero) : NULL;
+        Py_XDECREF(zero);
+        if (count == NULL) {
+            goto done;
+        }
+        PyObject *zero2 = PyLong_FromLong(0);
+        fg_count = zero2 ? PyObject_RichCompareBool(count, zero2, Py_LT) : -1;
+        Py_XDECREF(zero2);
+        Py_DECREF(count);
+        if (fg_count < 0) {
+            goto done;
+        }
+        if (fg_count) {
+            /* reset_skip_reasons(): dynamo_tls.skip_reasons = [] */
+            PyObject *empty = PyList_New(0);
+            int rc = empty ? PyObject_SetAttr(g[RT_CWG_DYNAMO_TLS], cw->str_skip_reasons, empty)
+                           : -1;
+            Py_XDECREF(empty);
+            if (rc < 0) {
+                goto done;
+            }
+        }
+    }
+    result = run_body(self, cw, &c, argv, nargsf, kwnames, prior_nested, fg_count);
+    /* finally: */
+    {
+        rt_pending_error saved;
+        rt_finally_begin(&saved);
+        int ok = 1;
+        if (fg_count) {
+            PyObject *minus = PyLong_FromLong(-1);
+            ok = minus != NULL && do1(g[RT_CWG_SET_FG_COUNT], minus) == 0;
+            Py_XDECREF(minus);
+            ok = ok && PyObject_SetAttr(g[RT_CWG_DYNAMO_TLS], cw->str_skip_reasons, Py_None) == 0;
+        }
+        ok = ok && do1(g[RT_CWG_MAYBE_SET_EVAL_FRAME], prior) == 0;
+        if (rt_finally_end(&saved, ok) < 0) {
+            Py_CLEAR(result);
+        }
+    }
+done:
+    Py_XDECREF(prior);
+    Py_XDECREF(prior_nested);
+    cw_call_clear(&c);
+    return result;
+}
+
+/* Attributes it lacks are the compile_wrapper's (__wrapped__,
+ * _torchdynamo_orig_callable, get_compiler_config, __name__, ...); its
+ * __dict__ is the compile_wrapper's own (set at construction), so what is
+ * set on either is on both, and a static look-up (inspect.getattr_static,
+ * which Dynamo uses for _torchdynamo_inline) finds them. */
+static PyObject *
+CompileWrapper_getattro(PyObject *op, PyObject *name)
+{
+    PyObject *v = PyObject_GenericGetAttr(op, name);
+    if (v != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        return v;
+    }
+    PyErr_Clear();
+    return PyObject_GetAttr(((CompileWrapper *)op)->upstream, name);
+}
+
+/* __class__: the compile_wrapper's (a function), so that isinstance(obj,
+ * types.FunctionType) holds as for upstream's, and Dynamo, tracing a call of
+ * it from another compiled function, inlines its _torchdynamo_inline. */
+static PyObject *
+CompileWrapper_get_class(PyObject *op, void *Py_UNUSED(closure))
+{
+    return Py_NewRef((PyObject *)Py_TYPE(((CompileWrapper *)op)->upstream));
+}
+
+static PyObject *
+CompileWrapper_repr(PyObject *op)
+{
+    return PyObject_Repr(((CompileWrapper *)op)->upstream);
+}
+
+/* copy.copy / copy.deepcopy treat a function as atomic: so is this */
+static PyObject *
+CompileWrapper_copy(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    return Py_NewRef(op);
+}
+
+static PyGetSetDef CompileWrapper_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {"__class__", CompileWrapper_get_class, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef CompileWrapper_methods[] = {
+    {"__copy__", CompileWrapper_copy, METH_NOARGS, NULL},
+    {"__deepcopy__", CompileWrapper_copy, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ---- construction ---------------------------------------------------------- */
+
+PyObject *
+rt_compile_wrapper_for(PyObject *module, PyObject *wrapper)
+{
+    rt_state *st = PyModule_GetState(module);
+    rt_cw_state *cw = &st->cw;
+    PyObject *closure = NULL;
+    if (cw->code != NULL && PyFunction_Check(wrapper) && PyFunction_GET_CODE(wrapper) == cw->code) {
+        closure = PyFunction_GET_CLOSURE(wrapper);
+    }
+    if (closure == NULL || !PyTuple_Check(closure)) {
+        return Py_NewRef(wrapper);
+    }
+    for (int i = 0; i < 5; i++) {
+        if (cw->cell[i] >= PyTuple_GET_SIZE(closure)) {
+            return Py_NewRef(wrapper);
+        }
+    }
+    CompileWrapper *self = (CompileWrapper *)rt_fn_alloc(st->CompileWrapperType,
+                                                         CompileWrapper_vectorcall);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->upstream = Py_NewRef(wrapper);
+    for (int i = 0; i < 5; i++) {
+        self->cells[i] = Py_NewRef(PyTuple_GET_ITEM(closure, cw->cell[i]));
+    }
+    self->dict = PyObject_GenericGetDict(wrapper, NULL); /* the function's, shared */
+    if (self->dict == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    cw->counts[RT_CW_BUILT]++;
+    return (PyObject *)self;
+}
+
+static PyObject *
+CompileWrapper_new(PyTypeObject *Py_UNUSED(type), PyObject *Py_UNUSED(args),
+                   PyObject *Py_UNUSED(kwargs))
+{
+    PyErr_SetString(PyExc_TypeError, "CompileWrapper is made by _compile_wrapper_for()");
+    return NULL;
+}
+
+static int
+CompileWrapper_traverse(CompileWrapper *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->module);
+    Py_VISIT(self->dict);
+    Py_VISIT(self->upstream);
+    for (int i = 0; i < 5; i++) {
+        Py_VISIT(self->cells[i]);
+    }
+    return 0;
+}
+
+static int
+CompileWrapper_clear(CompileWrapper *self)
+{
+    Py_CLEAR(self->dict);
+    Py_CLEAR(self->upstream);
+    for (int i = 0; i < 5; i++) {
+        Py_CLEAR(self->cells[i]);
+    }
+    return 0;
+}
+
+DEFINE_DEALLOC(CompileWrapper, (void)0)
+FN_MEMBERS(CompileWrapper)
+
+static PyType_Slot CompileWrapper_slots[] = {
+    {Py_tp_new, CompileWrapper_new},
+    {Py_tp_dealloc, CompileWrapper_dealloc},
+    {Py_tp_traverse, CompileWrapper_traverse},
+    {Py_tp_clear, CompileWrapper_clear},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_descr_get, rt_fn_descr_get},
+    {Py_tp_getattro, CompileWrapper_getattro},
+    {Py_tp_repr, CompileWrapper_repr},
+    {Py_tp_members, CompileWrapper_members},
+    {Py_tp_methods, CompileWrapper_methods},
+    {Py_tp_getset, CompileWrapper_getset},
+    {Py_tp_doc, (void *)"What Dynamo's compile_wrapper does when called (the function "
+                        "torch.compile returns), in C in the steady state; upstream's "
+                        "otherwise. Attributes it lacks are the compile_wrapper's."},
+    {0, NULL},
+};
+
+PyType_Spec CompileWrapper_spec = {
+    .name = "torch_aot_rt._C.CompileWrapper",
+    .basicsize = sizeof(CompileWrapper),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .slots = CompileWrapper_slots,
+};
+
+/* ---- binding, counts ----------------------------------------------------------- */
+
+#define CW_OBJECTS(X)                                                             \
+    X(code) X(call_on_enter_code) X(on_enter_code) X(globals) X(stance)           \
+    X(guards_globals) X(compiler_globals) X(fx_globals) X(is_fx_symbolic_tracing) \
+    X(is_jit_tracing) X(module_cls) X(generation_tracker) X(get_depth) X(pop_depth) \
+    X(include_set) X(exclude_set) X(force_guard) X(save_keys) X(restore_keys)     \
+    X(eager_nested) X(exc_compiler_error) X(exc_shorten)                          \
+    X(str_fullgraph) X(str_export) X(str_error_on_graph_break) X(str_isolate_id)  \
+    X(str_enter_exit_hooks) X(str_tracing_context) X(str_tls) X(str_exporting_flag) \
+    X(str_fx_flag) X(str_needs_tag_patch) X(str_generation) X(str_stance)         \
+    X(str_default) X(str_backend) X(str_skip_guard) X(str_stance_global)          \
+    X(str_nested_error_config) X(str_verbose) X(str_skip_reasons) X(str_depth)    \
+    X(str_with_traceback) X(str_remove_dynamo_frames) X(str_get_eog) X(str_set_eog)
+
+int
+rt_cw_traverse(rt_cw_state *cw, visitproc visit, void *arg)
+{
+#define VISIT(f) Py_VISIT(cw->f);
+    CW_OBJECTS(VISIT)
+#undef VISIT
+    for (int g = 0; g < RT_CWG_N; g++) {
+        Py_VISIT(cw->names[g]);
+        Py_VISIT(cw->expected[g]);
+    }
+    return 0;
+}
+
+void
+rt_cw_clear(rt_cw_state *cw)
+{
+#define CLEAR(f) Py_CLEAR(cw->f);
+    CW_OBJECTS(CLEAR)
+#undef CLEAR
+    for (int g = 0; g < RT_CWG_N; g++) {
+        Py_CLEAR(cw->names[g]);
+        Py_CLEAR(cw->expected[g]);
+    }
+}
+
+/* the eval_frame globals, by rt_cw_global */
+static const char *const global_names[RT_CWG_N] = {
+    [RT_CWG_SET_EVAL_FRAME] = "set_eval_frame",
+    [RT_CWG_MAYBE_SET_EVAL_FRAME] = "_maybe_set_eval_frame",
+    [RT_CWG_CALLBACK_FROM_STANCE] = "_callback_from_stance",
+    [RT_CWG_SKIP_GUARD_STANCE] = "_is_skip_guard_eval_unsafe_stance",
+    [RT_CWG_SET_SKIP_GUARD] = "set_skip_guard_eval_unsafe",
+    [RT_CWG_SET_ISOLATE_ID] = "set_eval_frame_isolate_recompiles_id",
+    [RT_CWG_SET_FG_NESTED] = "set_fullgraph_error_on_nested_compile",
+    [RT_CWG_SET_FG_COUNT] = "set_fullgraph_compiled_frame_count",
+    [RT_CWG_RESET_SKIP_REASONS] = "reset_skip_reasons",
+    [RT_CWG_GET_SKIP_REASONS] = "get_skip_reasons",
+    [RT_CWG_INSTALL_TAGGING] = "install_generation_tagging_init",
+    [RT_CWG_TORCH] = "torch",
+    [RT_CWG_CONFIG] = "config",
+    [RT_CWG_DYNAMO_TLS] = "dynamo_tls",
+};
+
+PyObject *
+rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {
+        "code", "cells", "call_on_enter_code", "on_enter_code", "eval_frame", "stance_cls",
+        "guards", "compiler", "fx", "is_jit_tracing", "module_cls", "generation_tracker",
+        "get_depth",
+        "pop_depth", "include_set", "exclude_set", "force_guard", "save_keys",
+        "restore_keys", "eager_nested", "compiler_errors", "shorten_traceback", NULL};
+    PyObject *code, *cells, *coe, *oe, *eval_frame, *stance, *guards, *compiler, *fx, *jit;
+    PyObject *module_cls, *tracker, *get_depth, *pop_depth, *include_set, *exclude_set;
+    PyObject *force_guard, *save_keys, *restore_keys, *eager_nested, *errors, *shorten;
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwargs, "$O!O!O!O!O!O!O!O!O!OO!OOOOOOOOOO!O:_bind_compile_wrapper", keywords,
+            &PyCode_Type, &code, &PyTuple_Type, &cells, &PyCode_Type, &coe, &PyCode_Type, &oe,
+            &PyModule_Type, &eval_frame, &PyType_Type, &stance, &PyModule_Type, &guards,
+            &PyModule_Type, &compiler, &PyModule_Type, &fx, &jit, &PyType_Type, &module_cls,
+            &tracker, &get_depth, &pop_depth, &include_set, &exclude_set, &force_guard,
+            &save_keys, &restore_keys, &eager_nested, &PyTuple_Type, &errors, &shorten)) {
+        return NULL;
+    }
+    int keys_cpp = save_keys != Py_None;
+    if (PyTuple_GET_SIZE(cells) != 5 ||
+        keys_cpp != (restore_keys != Py_None) ||
+        keys_cpp == (force_guard != Py_None) ||
+        keys_cpp == (include_set != Py_None) || keys_cpp == (exclude_set != Py_None)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "_bind_compile_wrapper: five cell indices; the dispatch keys saved "
+                        "either by save_keys/restore_keys or by include_set/exclude_set/"
+                        "force_guard");
+        return NULL;
+    }
+    rt_state *st = PyModule_GetState(module);
+    rt_cw_state *cw = &st->cw;
+    rt_cw_clear(cw);
+    for (int i = 0; i < 5; i++) {
+        cw->cell[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(cells, i));
+        if (cw->cell[i] < 0) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "_bind_compile_wrapper: cell indices >= 0");
+            }
+            return NULL;
+        }
+    }
+    PyObject *globals = PyModule_GetDict(eval_frame);
+    for (int g = 0; g < RT_CWG_N; g++) {
+        PyObject *name = PyUnicode_InternFromString(global_names[g]);
+        if (name == NULL) {
+            rt_cw_clear(cw);
+            return NULL;
+        }
+        cw->names[g] = name;
+        PyObject *v = PyDict_GetItemWithError(globals, name);
+        if (v == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_Format(PyExc_ValueError, "_bind_compile_wrapper: eval_frame has no '%U'", name);
+            }
+            rt_cw_clear(cw);
+            return NULL;
+        }
+        cw->expected[g] = Py_NewRef(v);
+    }
+    static const struct {
+        size_t offset;
+        const char *text;
+    } names[] = {
+        {offsetof(rt_cw_state, str_fullgraph), "fullgraph"},
+        {offsetof(rt_cw_state, str_export), "export"},
+        {offsetof(rt_cw_state, str_error_on_graph_break), "error_on_graph_break"},
+        {offsetof(rt_cw_state, str_isolate_id), "_isolate_recompiles_id"},
+        {offsetof(rt_cw_state, str_enter_exit_hooks), "enter_exit_hooks"},
+        {offsetof(rt_cw_state, str_tracing_context), "tracing_context"},
+        {offsetof(rt_cw_state, str_tls), "_TLS"},
+        {offsetof(rt_cw_state, str_exporting_flag), "_is_exporting_flag"},
+        {offsetof(rt_cw_state, str_fx_flag), "_is_fx_tracing_flag"},
+        {offsetof(rt_cw_state, str_needs_tag_patch), "___needs_generation_tag_patch"},
+        {offsetof(rt_cw_state, str_generation), "generation"},
+        {offsetof(rt_cw_state, str_stance), "stance"},
+        {offsetof(rt_cw_state, str_default), "default"},
+        {offsetof(rt_cw_state, str_backend), "backend"},
+        {offsetof(rt_cw_state, str_skip_guard), "skip_guard_eval_unsafe"},
+        {offsetof(rt_cw_state, str_stance_global), "_stance"},
+        {offsetof(rt_cw_state, str_nested_error_config),
+         "error_on_dynamo_callback_in_fullgraph_compiled_code"},
+        {offsetof(rt_cw_state, str_verbose), "verbose"},
+        {offsetof(rt_cw_state, str_skip_reasons), "skip_reasons"},
+        {offsetof(rt_cw_state, str_depth), "depth"},
+        {offsetof(rt_cw_state, str_with_traceback), "with_traceback"},
+        {offsetof(rt_cw_state, str_remove_dynamo_frames), "remove_dynamo_frames"},
+        {offsetof(rt_cw_state, str_get_eog), "_get_error_on_graph_break"},
+        {offsetof(rt_cw_state, str_set_eog), "_set_error_on_graph_break"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        PyObject *s = PyUnicode_InternFromString(names[i].text);
+        if (s == NULL) {
+            rt_cw_clear(cw);
+            return NULL;
+        }
+        *(PyObject **)((char *)cw + names[i].offset) = s;
+    }
+    cw->call_on_enter_code = Py_NewRef(coe);
+    cw->on_enter_code = Py_NewRef(oe);
+    cw->globals = Py_NewRef(globals);
+    cw->stance = Py_NewRef(stance);
+    cw->guards_globals = Py_NewRef(PyModule_GetDict(guards));
+    cw->compiler_globals = Py_NewRef(PyModule_GetDict(compiler));
+    cw->fx_globals = Py_NewRef(PyModule_GetDict(fx));
+    cw->is_fx_symbolic_tracing = Py_XNewRef(
+        PyDict_GetItemString(cw->fx_globals, "is_fx_symbolic_tracing"));
+    if (cw->is_fx_symbolic_tracing == NULL) {
+        PyErr_SetString(PyExc_ValueError,
+                        "_bind_compile_wrapper: fx has no is_fx_symbolic_tracing");
+        rt_cw_clear(cw);
+        return NULL;
+    }
+    cw->is_jit_tracing = Py_NewRef(jit);
+    cw->module_cls = Py_NewRef(module_cls);
+    cw->generation_tracker = Py_NewRef(tracker);
+    cw->get_depth = Py_NewRef(get_depth);
+    cw->pop_depth = Py_NewRef(pop_depth);
+    if (keys_cpp) {
+        cw->save_keys = Py_NewRef(save_keys);
+        cw->restore_keys = Py_NewRef(restore_keys);
+    }
+    else {
+        cw->include_set = Py_NewRef(include_set);
+        cw->exclude_set = Py_NewRef(exclude_set);
+        cw->force_guard = Py_NewRef(force_guard);
+    }
+    cw->eager_nested = eager_nested == Py_None ? NULL : Py_NewRef(eager_nested);
+    cw->exc_compiler_error = Py_NewRef(errors);
+    cw->exc_shorten = Py_NewRef(shorten);
+    cw->code = Py_NewRef(code); /* last: it marks the state bound */
+    Py_RETURN_NONE;
+}
+
+static const char *const count_names[RT_CW_N] = {
+    [RT_CW_BUILT] = "built",
+    [RT_CW_CALL_C] = "calls in C",
+    [RT_CW_STATE] = "upstream calls: a stance, tracing, exporting or other hooks",
+    [RT_CW_REPLACED] = "upstream calls: eval_frame helpers replaced",
+};
+
+PyObject *
+rt_cw_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    rt_cw_state *cw = &((rt_state *)PyModule_GetState(module))->cw;
+    return rt_counts_dict("_compile_wrapper_stats", args, nargs, count_names, cw->counts, RT_CW_N);
+}

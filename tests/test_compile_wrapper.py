@@ -1,0 +1,355 @@
+"""Dynamo's compile_wrapper (what torch.compile returns for a function, an
+OptimizedModule's forward) in C (``_C.CompileWrapper``,
+csrc/dynamo/compile_wrapper.c), against upstream's: each program compiled
+and run with the C runtime off (upstream's closure) and on (the C object),
+in one process, compared: results and gradients, recompiles, the errors
+(type, message, cause, suppressed context), the thread-local state after
+each call (eval-frame callback, grad mode, dispatch include/exclude sets,
+the functorch dynamic layer stack, the skip-guard-eval and isolate-recompiles
+settings), the stances, fullgraph, error_on_graph_break, export, FX and jit
+tracing of a compiled function, generators, threads, the profiler's events,
+torch._dynamo.reset(), torch.compiler.disable; and which path calls took.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+
+import pytest
+import torch
+import torch._C._dynamo.eval_frame as c_eval_frame
+from torch._dynamo.utils import counters
+
+import _differential as D
+import torch_aot_rt
+
+pytestmark = pytest.mark.needs_c
+
+C_CALL = "calls in C"
+
+
+def _counts():
+    return torch_aot_rt.stats()["dynamo_compile_wrapper"]
+
+
+def _in_c() -> bool:
+    """Whether torch.compile returns the C object here; where not (2.11,
+    2.12), that it returns upstream's function, with the reason counted."""
+    with D.runtime(True):
+        f = torch.compile(lambda x: x, backend="eager")
+    if isinstance(f, torch_aot_rt._C.CompileWrapper):
+        return True
+    reasons = torch_aot_rt.stats()["fallback_reasons"]
+    assert type(f).__name__ == "function", type(f)
+    assert any("compile_wrapper" in r or "other per-call layers" in r for r in reasons), reasons
+    return False
+
+
+def tls_state():
+    return {
+        "callback": repr(c_eval_frame.get_eval_frame_callback()),
+        "grad": torch.is_grad_enabled(),
+        "include": str(torch._C._dispatch_tls_local_include_set()),
+        "exclude": str(torch._C._dispatch_tls_local_exclude_set()),
+        "layers": torch._C._functorch.get_dynamic_layer_stack_depth(),
+        "skip_guard_eval_unsafe": c_eval_frame.set_skip_guard_eval_unsafe(False),
+    }
+
+
+def _attempt(fn):
+    try:
+        return {"value": fn()}
+    except Exception as e:  # noqa: BLE001 - the error is the observation
+        return D.exception_record(e) | {
+            "suppress_context": e.__suppress_context__,
+            "cause": type(e.__cause__).__name__ if e.__cause__ is not None else None,
+        }
+
+
+def _run(use_c, program):
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    before = _counts()
+    with D.runtime(use_c):
+        out = program()
+    after = _counts()
+    return out, {k: v - before[k] for k, v in after.items() if v != before[k]}
+
+
+def differential(program, *, min_c=0):
+    """``program()`` off, then on: the same observations; the on run's
+    calls in C at least ``min_c`` (where torch.compile returns the C one)."""
+    in_c = _in_c()
+    off, off_counts = _run(False, program)
+    on, on_counts = _run(True, program)
+    D.assert_same(off, on)
+    assert off_counts == {}, off_counts
+    if in_c:
+        assert on_counts.get(C_CALL, 0) >= min_c, on_counts
+    return off, on_counts
+
+
+def _v(t):
+    return D.TensorValue(t) if isinstance(t, torch.Tensor) else t
+
+
+def f(x, w):
+    return (x * w).sin().sum(0)
+
+
+def test_calls_and_state():
+    """Steady-state calls run in C; the result, and the thread-local state
+    after each call, as upstream's (the first call installs Dynamo's
+    nn.Module patch: upstream's)."""
+
+    def program():
+        g = torch.compile(f, backend="aot_eager")
+        x, w = torch.randn(3, 4), torch.randn(3, 4)
+        outs, states = [], []
+        for _ in range(4):
+            outs.append(_v(g(x, w)))
+            states.append(tls_state())
+        return outs, states, dict(counters["stats"])
+
+    differential(program, min_c=3)
+
+
+def test_looks_like_the_function():
+    """What callers read off what torch.compile returns: its name and
+    signature, the original function, _torchdynamo_orig_callable,
+    _is_torch_compile, get_compiler_config; binding as a method."""
+
+    def program():
+        class A:
+            @torch.compile(backend="aot_eager")
+            def m(self, x):
+                return x + 1
+
+        g = torch.compile(f, backend="aot_eager")
+        import copy
+        import types
+
+        return {
+            "function": isinstance(g, types.FunctionType),
+            "copies": copy.copy(g) is g and copy.deepcopy(g) is g,
+            "repr": repr(g).split(" at ")[0],
+            "name": g.__name__,
+            "qualname": g.__qualname__,
+            "signature": str(inspect.signature(g)),
+            "wrapped": g.__wrapped__ is f,
+            "orig": g._torchdynamo_orig_callable is f,
+            "is_torch_compile": g._is_torch_compile,
+            "config": callable(g.get_compiler_config),
+            "method": _v(A().m(torch.ones(2))),
+        }
+
+    differential(program)
+
+
+@pytest.mark.parametrize("stance", ["force_eager", "eager_on_recompile", "fail_on_recompile"])
+def test_stances(stance):
+    """Under a stance the wrapper is upstream's (the stance's callback): the
+    same results, recompiles and the fail_on_recompile error."""
+
+    def program():
+        g = torch.compile(f, backend="aot_eager")
+        x, w = torch.randn(3, 4), torch.randn(3, 4)
+        first = _v(g(x, w))
+        with torch.compiler.set_stance(stance):
+            same = _attempt(lambda: _v(g(x, w)))
+            other = _attempt(lambda: _v(g(torch.randn(2, 5), torch.randn(2, 5))))
+        after = _v(g(x, w))
+        return first, same, other, after, dict(counters["stats"]), tls_state()
+
+    differential(program)
+
+
+def test_skip_guard_eval_unsafe():
+    """The skip_guard_eval_unsafe stance: the flag set for the call and
+    restored (in C: the stance is "default" with skip_guard_eval_unsafe)."""
+
+    def program():
+        g = torch.compile(f, backend="aot_eager")
+        x, w = torch.randn(3, 4), torch.randn(3, 4)
+        g(x, w)
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            out = _v(g(x, w))
+            inside = tls_state()
+        return out, inside, tls_state()
+
+    differential(program)
+
+
+def test_fullgraph_and_nested_compiled_function():
+    """fullgraph=True around a function that calls another compiled
+    function: the frame counter and nested-compile flag set and restored;
+    a graph break under fullgraph: the same error."""
+
+    inner = torch.compile(lambda x: x.cos() + 1, backend="aot_eager")
+
+    def outer(x):
+        return inner(x) * 2
+
+    def breaks(x):
+        torch._dynamo.graph_break()
+        return x + 1
+
+    def program():
+        g = torch.compile(outer, backend="aot_eager", fullgraph=True)
+        x = torch.randn(4)
+        outs = [_v(g(x)) for _ in range(3)]
+        err = _attempt(lambda: torch.compile(breaks, backend="aot_eager", fullgraph=True)(x))
+        return outs, err, tls_state()
+
+    r, _ = differential(program)
+    assert "value" not in r[1], r[1]
+
+
+def test_error_on_graph_break():
+    """torch._dynamo.optimize(..., error_on_graph_break=True): set for the
+    call where it differs, restored after; the graph break's error."""
+
+    def breaks(x):
+        y = x + 1
+        torch._dynamo.graph_break()
+        return y * 2
+
+    def program():
+        g = torch._dynamo.optimize("aot_eager", error_on_graph_break=True)(breaks)
+        err = _attempt(lambda: g(torch.randn(3)))
+        ok = torch._dynamo.optimize("aot_eager", error_on_graph_break=False)(breaks)
+        return err, _v(ok(torch.randn(3))), torch._dynamo.utils._get_error_on_graph_break()
+
+    differential(program)
+
+
+def test_dynamic_shapes():
+    def program():
+        g = torch.compile(f, backend="aot_eager")
+        outs = [_v(g(torch.randn(n, 4), torch.randn(n, 4))) for n in (2, 3, 4, 5)]
+        return outs, dict(counters["stats"])
+
+    differential(program, min_c=1)
+
+
+def test_exception_inside_the_graph():
+    """The compiled function raises at run time: the same exception, and the
+    thread-local state as before the call."""
+
+    def h(x, i):
+        return x[i] + 1
+
+    def program():
+        g = torch.compile(h, backend="aot_eager")
+        x = torch.randn(4)
+        g(x, torch.tensor([1]))
+        before = tls_state()
+        err = _attempt(lambda: g(x, torch.tensor([9])))
+        return err, before == tls_state()
+
+    r, _ = differential(program)
+    assert r[1] and "value" not in r[0], r
+
+
+def test_under_export_fx_and_jit():
+    """A compiled function called while torch.export traces, while FX traces
+    symbolically, and under torch.jit.trace: upstream's paths (export and FX
+    run it inline, jit tracing raises)."""
+    inner = None
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return inner(x) + 1
+
+    def program():
+        nonlocal inner
+        inner = torch.compile(lambda x: x.sin(), backend="aot_eager")
+        x = torch.randn(3)
+        exported = _attempt(lambda: str(torch.export.export(M(), (x,)).graph_module.code))
+        fx = _attempt(lambda: str(torch.fx.symbolic_trace(M()).code))
+        jit = _attempt(lambda: torch.jit.trace(M(), (x,)))
+        return exported, fx, jit, tls_state()
+
+    differential(program)
+
+
+def test_generator_and_disable():
+    """A compiled generator function; torch.compiler.disable inside a
+    compiled function (a graph break to eager)."""
+
+    def gen(x):
+        for i in range(3):
+            yield x + i
+
+    @torch.compiler.disable
+    def eager_part(x):
+        return x * 3
+
+    def uses_disabled(x):
+        return eager_part(x.sin()) + 1
+
+    def program():
+        g = torch.compile(gen, backend="aot_eager")
+        items = [_v(t) for t in g(torch.ones(2))]
+        h = torch.compile(uses_disabled, backend="aot_eager")
+        return items, [_v(h(torch.ones(2))) for _ in range(3)], dict(counters["stats"])
+
+    differential(program)
+
+
+def test_threads():
+    """Calls from several threads at once: each thread's results and its
+    state after the calls."""
+
+    def program():
+        g = torch.compile(f, backend="aot_eager")
+        x, w = torch.randn(3, 4), torch.randn(3, 4)
+        g(x, w)
+        results = {}
+
+        def work(k):
+            outs = [_v(g(x * k, w)) for _ in range(20)]
+            results[k] = (outs, tls_state())
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return [results[k] for k in range(4)]
+
+    differential(program, min_c=40)
+
+
+def test_profiler_events():
+    def program():
+        g = torch.compile(f, backend="aot_eager")
+        x, w = torch.randn(3, 4), torch.randn(3, 4)
+        g(x, w)
+        with torch.profiler.profile() as prof:
+            out = g(x, w)
+        names = sorted({e.name for e in prof.events() if not e.name.startswith("aten::")})
+        return _v(out), names
+
+    differential(program)
+
+
+def test_reset_and_module():
+    """torch._dynamo.reset() between calls (a recompile); an OptimizedModule
+    (its forward is a compile_wrapper), with gradients."""
+
+    def program():
+        g = torch.compile(f, backend="aot_eager")
+        x, w = torch.randn(3, 4), torch.randn(3, 4)
+        a = _v(g(x, w))
+        torch._dynamo.reset()
+        b = _v(g(x, w))
+        m = torch.nn.Linear(4, 2)
+        cm = torch.compile(m, backend="aot_eager")
+        for _ in range(3):
+            cm(x).sum().backward()
+        return a, b, _v(m.weight.grad), dict(counters["stats"]), tls_state()
+
+    differential(program, min_c=2)
