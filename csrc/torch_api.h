@@ -116,6 +116,7 @@ typedef struct rt_state {
     PyTypeObject *DisabledCallType;       /* dynamo/disable.c */
     PyTypeObject *PregraphHookType;       /* dynamo/pregraph.c */
     PyTypeObject *CompileWrapperType;     /* dynamo/compile_wrapper.c */
+    PyTypeObject *ModuleCallType;         /* dynamo/optimized_module.c */
     rt_cw_state cw;
     PyTypeObject *NullContextType;
     PyObject *null_context;               /* its one instance */

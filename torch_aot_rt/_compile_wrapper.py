@@ -81,4 +81,19 @@ def install(release) -> list | str:
             return _C._compile_wrapper_for(result)
         return result
 
-    return _state.replace(cls, "__call__", __call__)
+    replaced = [_state.replace(cls, "__call__", __call__)]
+    # OptimizedModule.__call__: C for the modules whose forward is a C
+    # compile_wrapper (made with the switch on); module_call_mro_checked:
+    # super().__call__ is nn.Module's
+    module_cls = eval_frame.OptimizedModule
+    if module_cls.__mro__[1] is torch.nn.Module and "__call__" in module_cls.__dict__:
+        ours = _C.ModuleCall(
+            upstream=module_cls.__dict__["__call__"],
+            module_cls=torch.nn.Module,
+            eval_frame=eval_frame,
+            nn_module=torch.nn.modules.module,
+        )
+        replaced.append(_state.replace(module_cls, "__call__", ours))
+    else:
+        _state.count_fallback("OptimizedModule.__call__: its class is not the verified one")
+    return replaced

@@ -231,6 +231,19 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "get_skip_reasons",
         "_is_eager_on_nested_compile",
         "_force_eager_nested_compile",
+        # csrc/dynamo/optimized_module.c
+        "OptimizedModule.__call__",
+        "_set_in_optimized_module",
+        "_in_optimized_module",
+    )),
+    ("nn/modules/module.py", (
+        "_has_any_global_hook",
+        "_global_backward_pre_hooks",
+        "_global_backward_hooks",
+        "_global_forward_pre_hooks",
+        "_global_forward_hooks",
+        "_global_forward_hooks_always_called",
+        "_global_forward_hooks_with_kwargs",
     )),
     ("_guards.py", (
         "TracingContext.try_get",

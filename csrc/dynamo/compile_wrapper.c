@@ -1035,6 +1035,9 @@ static const char *const count_names[RT_CW_N] = {
     [RT_CW_CALL_C] = "calls in C",
     [RT_CW_STATE] = "upstream calls: a stance, tracing, exporting or other hooks",
     [RT_CW_REPLACED] = "upstream calls: eval_frame helpers replaced",
+    [RT_CW_MODULE_C] = "OptimizedModule calls in C",
+    [RT_CW_MODULE_UPSTREAM] = "OptimizedModule upstream calls: compiled with the C runtime off, "
+                              "a global module hook or a helper replaced",
 };
 
 PyObject *

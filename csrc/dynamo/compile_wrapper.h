@@ -17,6 +17,9 @@ enum rt_cw_count {
     RT_CW_STATE,        /* upstream's: a stance, a tracing context, exporting, FX or jit
                          * tracing, a nested eager region, export, other hooks */
     RT_CW_REPLACED,     /* upstream's: a helper of eval_frame it reads was replaced */
+    RT_CW_MODULE_C,     /* an OptimizedModule call in C (optimized_module.c) */
+    RT_CW_MODULE_UPSTREAM, /* upstream's: forward not a C CompileWrapper, a global hook,
+                            * a helper replaced */
     RT_CW_N
 };
 

@@ -11,6 +11,7 @@ extern PyType_Spec DisabledCall_spec;
 extern PyType_Spec PregraphHook_spec;
 extern PyType_Spec NullContext_spec;
 extern PyType_Spec CompileWrapper_spec;
+extern PyType_Spec ModuleCall_spec;
 
 /* _C._pregraph_stats(reset=False) */
 PyObject *rt_pregraph_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

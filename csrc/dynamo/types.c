@@ -17,6 +17,7 @@ rt_dynamo_types_init(PyObject *module, rt_state *st)
         {&PregraphHook_spec, &st->PregraphHookType},
         {&NullContext_spec, &st->NullContextType},
         {&CompileWrapper_spec, &st->CompileWrapperType},
+        {&ModuleCall_spec, &st->ModuleCallType},
     };
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         *types[i].slot = (PyTypeObject *)PyType_FromModuleAndSpec(module, types[i].spec, NULL);
