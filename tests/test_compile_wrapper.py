@@ -359,3 +359,28 @@ def test_reset_and_module():
     _, on_counts = differential(program, min_c=2)
     if _in_c():
         assert on_counts.get("OptimizedModule calls in C", 0) >= 2, on_counts
+
+
+def test_module_with_a_global_hook():
+    """A global module forward hook: OptimizedModule.__call__ warns and the
+    hook fires (twice: the OptimizedModule and the module), upstream's."""
+    import warnings
+
+    def program():
+        m = torch.nn.Linear(4, 2)
+        cm = torch.compile(m, backend="aot_eager")
+        x = torch.randn(3, 4)
+        cm(x)
+        seen = []
+        handle = torch.nn.modules.module.register_module_forward_hook(
+            lambda mod, args, out: seen.append(type(mod).__name__))
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                out = _v(cm(x))
+        finally:
+            handle.remove()
+        return out, seen, [str(w.message)[:60] for w in caught]
+
+    r, _ = differential(program)
+    assert r[1] and r[2], r
