@@ -14,7 +14,9 @@ The ``mlp_training_step`` row does the same for the loss of a small MLP
 (Linear 16→32, ReLU, Linear 32→8, sum; parameters require grad, the input
 does not): a training step's forward and backward, without the optimizer.
 The ``inductor_*`` rows are the no-grad row and the two training rows
-compiled by inductor.
+compiled by inductor. The ``rto_*`` rows are upstream's runtime-overhead
+benchmark's cases (a compiled ``a + 1`` on ``torch.ones(2)``, by inductor and
+by the eager backend) and a small MLP module, no grad and a training step.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ def mlp_loss(x):
 
 def affine(x):
     return x * 2 + 1
+
+
+def add_one(a):
+    return a + 1
 
 
 def _two_tensor(shape):
@@ -105,6 +111,29 @@ ROWS["inductor_no_grad_input"] = ROWS["no_grad_input"]
 ROWS["inductor_requires_grad_backward"] = ROWS["requires_grad_backward"]
 ROWS["inductor_mlp_training_step"] = ROWS["mlp_training_step"]
 
+# Upstream's own runtime-overhead benchmark
+# (benchmarks/dynamo/pr_time_benchmarks/benchmarks/runtime_overhead.py in
+# PyTorch's repository): a compiled `a + 1` on torch.ones(2), no grad,
+# inference mode, requires_grad (forward), backward and dynamic, by inductor
+# and by the eager backend; and a small MLP module (3 Linear layers of 64,
+# batch 8), no grad and a training step, by inductor. The whole compiled call
+# is measured: Dynamo's, AOTAutograd's and inductor's layers (issue 25).
+for _backend in ("inductor", "eager"):
+    ROWS[f"rto_{_backend}_no_grad"] = ("a + 1 on torch.ones(2), torch.no_grad()", False,
+                                       torch.no_grad, False)
+    ROWS[f"rto_{_backend}_inference_mode"] = ("a + 1, torch.inference_mode()", False,
+                                              torch.inference_mode, False)
+    ROWS[f"rto_{_backend}_requires_grad"] = ("a + 1, requires_grad=True (forward)", True,
+                                             contextlib.nullcontext, False)
+    ROWS[f"rto_{_backend}_backward"] = ("y = a + 1, requires_grad=True; y.backward(g)", True,
+                                        contextlib.nullcontext, True)
+    ROWS[f"rto_{_backend}_dynamic"] = ("a + 1 compiled with dynamic=True, torch.no_grad()",
+                                       False, torch.no_grad, False)
+ROWS["rto_mlp_no_grad"] = ("MLP module (3 Linear of 64, ReLU), batch 8, torch.no_grad()",
+                           False, torch.no_grad, False)
+ROWS["rto_mlp_training_step"] = ("the MLP module: mlp(x).sum().backward()", False,
+                                 contextlib.nullcontext, True)
+
 # row -> (function, input shape); rows not listed: one_op on a 4-vector
 FUNCTIONS: dict[str, tuple[Callable, tuple[int, ...]]] = {
     "mlp_training_step": (mlp_loss, (4, 16)),
@@ -112,15 +141,45 @@ FUNCTIONS: dict[str, tuple[Callable, tuple[int, ...]]] = {
     "twotensor_no_grad": (affine, (8,)),
     "twotensor_backward": (affine, (8,)),
 }
+for _name in [r for r in ROWS if r.startswith("rto_") and "mlp" not in r]:
+    FUNCTIONS[_name] = (add_one, (2,))
+
+
+def _mlp64(tag: str = "eager"):
+    """The MLP, as an instance of a class of its own per variant: Dynamo
+    guards a compiled module on its type, so two variants of one class would
+    share one compiled entry (made with whichever switch came first)."""
+    torch.manual_seed(0)
+    cls = type(f"MLP64_{tag}", (torch.nn.Sequential,), {})
+    return cls(
+        torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+    )
+
+
+# module rows: a fresh module per variant (each compiled on its own), input shape
+MODULES: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...]]] = {
+    "rto_mlp_no_grad": (_mlp64, (8, 64)),
+    "rto_mlp_training_step": (_mlp64, (8, 64)),
+}
 # rows whose input is a tensor subclass: its maker
 INPUTS: dict[str, Callable] = {
     "twotensor_no_grad": _two_tensor,
     "twotensor_backward": _two_tensor,
+    **{r: torch.ones for r in ROWS if r.startswith("rto_") and "mlp" not in r},
 }
 
 
 def backend_of(row: str) -> str:
-    return "inductor" if row.startswith("inductor_") else "aot_eager"
+    if row.startswith("inductor_") or row.startswith("rto_inductor") or row.startswith("rto_mlp"):
+        return "inductor"
+    if row.startswith("rto_eager"):
+        return "eager"
+    return "aot_eager"
+
+
+def dynamic_of(row: str) -> bool | None:
+    return True if row.endswith("_dynamic") else None
 
 
 def _fresh_copy(fn, tag: str):
@@ -196,7 +255,7 @@ def _march_v3_before_213() -> None:
 
 
 def _compile(tag: str, flag: bool | None, x, context, warmup: int, backward=False,
-             fn=one_op, backend="aot_eager"):
+             fn=one_op, backend="aot_eager", dynamic=None, module=None):
     """Compile a fresh copy of ``fn`` with the C runtime on (flag True), off
     (False), or without torch_aot_rt installed (None); return (fn, stats delta).
     With ``backward``, the warm-up calls also run the backward (compiling it)."""
@@ -214,11 +273,18 @@ def _compile(tag: str, flag: bool | None, x, context, warmup: int, backward=Fals
                 inductor_config.cpp.march = "x86-64-v3"
             else:
                 _march_v3_before_213()
-    compiled = torch.compile(_fresh_copy(fn, tag), backend=backend, fullgraph=True)
-    switch = contextlib.nullcontext() if flag is None else rt.enabled(flag)
+    def switch():
+        return contextlib.nullcontext() if flag is None else rt.enabled(flag)
+
     before = rt.stats() if rt is not None and flag is not None else None
+    with switch():  # torch.compile itself reads the switch (Dynamo's compile_wrapper)
+        if module is not None:  # a module row: a module of its own
+            compiled = torch.compile(module, backend=backend, dynamic=dynamic)
+        else:
+            compiled = torch.compile(_fresh_copy(fn, tag), backend=backend, fullgraph=True,
+                                     dynamic=dynamic)
     run = _run(compiled, x, backward)
-    with switch, context():
+    with switch(), context():
         for _ in range(warmup):
             run()
     delta = None
@@ -234,27 +300,35 @@ def _compile(tag: str, flag: bool | None, x, context, warmup: int, backward=Fals
 
 def build_e2e_case(name: str, *, warmup: int = 5) -> E2ECase:
     description, requires_grad, context, backward = ROWS[name]
-    fn, shape = FUNCTIONS.get(name, (one_op, (4,)))
+    if name in MODULES:
+        fn, shape = MODULES[name]
+        eager = fn()
+    else:
+        fn, shape = FUNCTIONS.get(name, (one_op, (4,)))
+        eager = fn
     torch.manual_seed(0)
     x = INPUTS.get(name, torch.randn)(shape).requires_grad_(requires_grad)
-    case = E2ECase(name, description, x, context, backward, eager=fn)
-    case.fns["eager"] = fn
+    case = E2ECase(name, description, x, context, backward, eager=eager)
+    case.fns["eager"] = eager
     have_c = _cases._C is not None
     case.fns["upstream"], _ = _compile(
         f"{name}_upstream", False if have_c else None, x, context, warmup, backward, fn,
-        backend_of(name),
+        backend_of(name), dynamic_of(name), module=fn("upstream") if name in MODULES else None,
     )
     if not have_c:
         case.c_note = _cases.C_UNAVAILABLE
     else:
         compiled, delta = _compile(f"{name}_c", True, x, context, warmup, backward, fn,
-                                   backend_of(name))
+                                   backend_of(name), dynamic_of(name),
+                                   module=fn("c") if name in MODULES else None)
         case.c_stats = delta
-        # with grads, the C CompiledFunction must have been built too
+        # with grads, the C CompiledFunction must have been built too (the
+        # eager backend has no AOTAutograd: its rows measure Dynamo's layers)
         need_fn = 1 if requires_grad or backward else 0
+        need_rw = 0 if backend_of(name) == "eager" else 1
         if (
-            delta["runtime_wrappers"] >= 1
-            and delta["autograd_functions"] >= need_fn
+            delta["runtime_wrappers"] >= need_rw
+            and delta["autograd_functions"] >= need_fn * need_rw
             and delta["fallbacks"] == 0
         ):
             case.fns["c"] = compiled
