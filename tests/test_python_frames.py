@@ -163,3 +163,88 @@ def _check_layers_upstream(kind, training, ours, upstream) -> None:
         # the subclass wrapper (its inner_fn, the subclass utilities) and nothing else
         rest = [f for f in rest if not f.startswith(_SUBCLASS_WRAPPER_FILES)]
         assert rest == ["_functorch/_aot_autograd/runtime_wrappers.py:inner_fn"], rest
+
+
+# ---------------------------------------------------------------------------
+# the whole compiled call (issue 25): Dynamo's, AOTAutograd's and inductor's
+# per-call Python, counted in the files the issue names
+
+WHOLE_CALL = tuple(os.path.join("torch", p) for p in (
+    "_dynamo" + os.sep, "_inductor" + os.sep, "_functorch" + os.sep, "_compile.py",
+    "compiler" + os.sep, "_guards.py", "fx" + os.sep,
+))
+# what may run there: the frame Dynamo transformed (for a module, its
+# wrap_inline'd __call__), the graph itself (the GraphModule aot_eager runs)
+# and aot_eager's boxed call of it (backends/debugging.py: not mirrored)
+ALLOWED = ("_dynamo/external_utils.py:inner", "fx/", "_dynamo/backends/debugging.py:run")
+
+
+def _whole_call_frames(step) -> list[str]:
+    seen: list[str] = []
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        path = frame.f_code.co_filename.replace("/", os.sep)
+        if any(p in path for p in WHOLE_CALL) or path.endswith(os.sep + "contextlib.py"):
+            seen.append(f"{_rel(frame.f_code.co_filename)}:{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def _compiled_step(kind, use_c):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    with D.runtime(use_c):
+        if kind == "function_inductor":
+            g = torch.compile(lambda a: a + 1, backend="inductor")
+            x = torch.ones(2)
+
+            def step():
+                g(x)
+        else:
+            m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+            cm = torch.compile(m, backend="aot_eager")
+            x = torch.randn(3, 8)
+
+            def step():
+                cm(x).sum().backward()
+
+        for _ in range(4):  # compile, first invocations, warm
+            step()
+        return _whole_call_frames(step)
+
+
+@pytest.mark.skipif(not D.C_ENABLED, reason="needs the C path")
+@pytest.mark.parametrize("kind", ["function_inductor", "module_training_aot_eager"])
+def test_whole_call_frames(kind):
+    """A steady-state call runs no Python of Dynamo's, AOTAutograd's or
+    inductor's beyond the frame Dynamo transformed and the graph itself,
+    where every layer is mirrored (2.13 on); on 2.12 Dynamo's
+    compile_wrapper stays upstream's, on 2.11 every layer but AOTAutograd's
+    runtime wrapper and CompiledFunction: fewer frames than upstream's."""
+    if kind == "function_inductor":
+        pytest.importorskip("torch._inductor")
+    upstream = _whole_call_frames_checked(kind, use_c=False)
+    ours = _compiled_step(kind, use_c=True)
+    rest = [f for f in ours if not f.startswith(ALLOWED)]
+    release = D.RELEASE
+    if release is not None and not release.compile_wrapper_mirrored:
+        assert 0 < len(rest) < len(upstream), (rest, len(upstream))
+        if D.LAYERS_MIRRORED:  # 2.12: the compile_wrapper's frames, nothing else
+            assert all(f.startswith(("_dynamo/eval_frame.py:", "_dynamo/mutation_guard.py:",
+                                     "_guards.py:", "compiler/", "fx/_symbolic_trace.py:"))
+                       or "contextlib.py:" in f for f in rest), rest
+        return
+    assert rest == [], f"{len(rest)} frames (upstream: {len(upstream)}): {rest}"
+
+
+def _whole_call_frames_checked(kind, use_c):
+    frames = _compiled_step(kind, use_c)
+    assert frames, "the counter saw no frame of upstream's call: it cannot be trusted"
+    return frames
