@@ -144,7 +144,7 @@ def test_looks_like_the_function():
             "signature": str(inspect.signature(g)),
             "wrapped": g.__wrapped__ is f,
             "orig": g._torchdynamo_orig_callable is f,
-            "is_torch_compile": g._is_torch_compile,
+            "is_torch_compile": getattr(g, "_is_torch_compile", None),
             "config": callable(g.get_compiler_config),
             "method": _v(A().m(torch.ones(2))),
         }
