@@ -303,6 +303,51 @@ def test_generator_and_disable():
     differential(program)
 
 
+def test_methods_and_a_class():
+    """torch.compile over a method, a staticmethod (2.14 on: its function)
+    and a module class (2.15 on: its __call__ and _call_impl; before, the
+    class is a callable like any other): results, gradients, errors."""
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x).relu()
+
+    def program():
+        class K:
+            @torch.compile(backend="aot_eager")
+            def method(self, x):
+                return x.sin() * 2
+
+            @torch.compile(backend="aot_eager")
+            @staticmethod
+            def static(x):
+                return x.cos() + 1
+
+        cls = torch.compile(type("Compiled", (M,), {}), backend="aot_eager")
+        x = torch.randn(2, 4)
+        m = _attempt(lambda: cls())
+        outs = []
+        if "value" in m:
+            for _ in range(3):
+                y = m["value"](x)
+                y.sum().backward()
+                outs.append(_v(y))
+            outs.append([_v(p.grad) for p in m["value"].parameters()])
+        k = K()
+        return (
+            outs,
+            [_v(k.method(x)) for _ in range(3)],
+            [_attempt(lambda: _v(K.static(x))) for _ in range(3)],
+            _attempt(lambda: _v(k.static(x))),
+        )
+
+    differential(program, min_c=3)
+
+
 def test_threads():
     """Calls from several threads at once: each thread's results and its
     state after the calls."""

@@ -26,11 +26,14 @@ def _pregraph_counts():
 
 def _hooks_in_c() -> bool:
     """Whether the hooks are the C ones; where not (2.11, whose per-call
-    layers stay upstream's), that they are upstream's functions."""
+    layers stay upstream's; 2.15, whose bytecode calls them only under the
+    profiler), that they are upstream's functions."""
     hook = dynamo_utils.record_pregraph_bytecode_enter
+    per_call = D.RELEASE is None or D.RELEASE.pregraph_per_call
     if isinstance(hook, torch_aot_rt._C.PregraphHook):
+        assert per_call
         return True
-    assert not D.LAYERS_MIRRORED, torch_aot_rt.stats()["fallback_reasons"]
+    assert not (D.LAYERS_MIRRORED and per_call), torch_aot_rt.stats()["fallback_reasons"]
     assert type(hook).__name__ == "function" and hook.__name__ == "record_pregraph_bytecode_enter"
     return False
 

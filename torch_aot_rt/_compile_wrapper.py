@@ -70,6 +70,9 @@ def install(release) -> list | str:
         save_keys=torch._C._dynamo_save_local_dispatch_key_set if keys_cpp else None,
         restore_keys=torch._C._dynamo_restore_local_dispatch_key_set if keys_cpp else None,
         eager_nested=eval_frame._force_eager_nested_compile if keys_cpp else None,
+        fx_flag_tls=symbolic_trace._is_fx_tracing_tls if release.fx_tracing_flag_tls else None,
+        tag_patch_attr=release.generation_tag_patch_attr,
+        tag_patch_present=release.generation_tag_patch_attr == "___has_generation_tag_patch",
         compiler_errors=(exc.Unsupported, exc.UncapturedHigherOrderOpError, exc.UserError),
         shorten_traceback=exc.ShortenTraceback,
     )

@@ -345,7 +345,7 @@ def _replace_layers(rw) -> list:
     replaced = []
     for name, install, arg in (
         ("saved-tensors-hooks guard", _guards.install, None),
-        ("pregraph bytecode hooks", _pregraph.install, None),
+        ("pregraph bytecode hooks", _pregraph.install, "release"),
         ("compiled graphs' disable wrapper", _disable.install_graph_globals, None),
         ("inductor's CompiledFxGraph.__call__", _inductor.install, None),
         ("Dynamo's compile_wrapper", _compile_wrapper.install, "release"),

@@ -181,6 +181,10 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_get_error_on_graph_break",
         "_set_error_on_graph_break",
     )),
+    ("_dynamo/codegen.py", (
+        # how the bytecode calls them (2.15: only under the profiler)
+        "PyCodegen.make_call_generated_code",
+    )),
     ("_compile.py", (
         # their decorator's inner (_pregraph.py checks its code)
         "_disable_dynamo",
@@ -248,10 +252,13 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_guards.py", (
         "TracingContext.try_get",
         "_TLS",
+        "_TLSStorage",
     )),
     ("fx/_symbolic_trace.py", (
         "is_fx_symbolic_tracing",
         "_is_fx_tracing_flag",
+        "_get_is_fx_tracing",
+        "_is_fx_tracing_tls",
     )),
     ("_dynamo/mutation_guard.py", (
         "install_generation_tagging_init",

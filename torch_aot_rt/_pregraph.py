@@ -9,6 +9,11 @@ verified function, and do what ``inner`` does on its first call (make the
 ``torch._dynamo.disable`` wrapper and cache it on the function) so that the
 C hook knows the wrapper to expect. The hooks follow the C runtime's switch
 on every call (the bytecode that calls them is shared by every compile).
+
+2.15's bytecode calls them only while a profiler is attached (it reads
+``torch.autograd.profiler._is_profiler_enabled`` first), and makes them plain
+functions whose frames the eval-frame hook skips: nothing runs per call to
+replace, so they stay upstream's there, and are not counted as a fallback.
 """
 
 from __future__ import annotations
@@ -27,8 +32,11 @@ def _inner_code(disable_dynamo) -> types.CodeType | None:
     return nested[0] if len(nested) == 1 else None
 
 
-def install() -> list | str:
-    """Replace both hooks; the Replaced records, or why they stay upstream's."""
+def install(release) -> list | str | None:
+    """Replace both hooks; the Replaced records, or why they stay upstream's
+    (None where the release's bytecode does not call them per call)."""
+    if not release.pregraph_per_call:
+        return None
     import torch
     import torch._compile
     import torch._dynamo

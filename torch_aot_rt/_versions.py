@@ -187,6 +187,21 @@ class Release:
     # torch._C._ForceDispatchKeyGuard(include, exclude); and a nested eager
     # region (_is_eager_on_nested_compile) runs fn directly.
     compile_wrapper_cpp_key_stack: bool = False
+    # 2.14 on: fx's tracing flag lives on a threading.local
+    # (_is_fx_tracing_tls.flag, read by _get_is_fx_tracing) where 2.13 keeps
+    # the module global _is_fx_tracing_flag
+    fx_tracing_flag_tls: bool = False
+    # install_generation_tagging_init's mark on nn.Module: through 2.14
+    # "___needs_generation_tag_patch" = False; 2.15 "___has_generation_tag_patch"
+    # = True, read for presence only (and GenerationTracker an instance of
+    # _GenerationTracker, its generation an instance attribute)
+    generation_tag_patch_attr: str = "___needs_generation_tag_patch"
+    # --- the pregraph bytecode hooks (csrc/dynamo/pregraph.c) ---
+    # the transformed bytecode calls torch._dynamo.utils.
+    # record_pregraph_bytecode_enter/_exit (torch._disable_dynamo'd) on every
+    # call; 2.15's calls them only under the profiler, undecorated and
+    # skip-coded: nothing per call to replace
+    pregraph_per_call: bool = True
     # CompiledFunction.backward takes the grads boxed (boxed_grads_call,
     # BackwardCFunction.apply_boxed, backward(ctx, grads_list): 2.13 on);
     # 2.11/2.12's reference CompiledFunction takes them unboxed
@@ -385,6 +400,7 @@ VERIFIED: tuple[Release, ...] = (
         alias_translates_storage_offset=True,
         graph_call_assert_message="self.current_callable must not be None",
         compile_wrapper_cpp_key_stack=True,
+        fx_tracing_flag_tls=True,
     ),
     Release(
         series=(2, 15),
@@ -407,6 +423,9 @@ VERIFIED: tuple[Release, ...] = (
         alias_translates_storage_offset=True,
         graph_call_assert_message="self.current_callable must not be None",
         compile_wrapper_cpp_key_stack=True,
+        fx_tracing_flag_tls=True,
+        generation_tag_patch_attr="___has_generation_tag_patch",
+        pregraph_per_call=False,
     ),
 )
 

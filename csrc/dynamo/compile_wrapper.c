@@ -115,6 +115,23 @@ attr_present(PyObject *obj, PyObject *name)
     return v != Py_None;
 }
 
+/* getattr(obj, name, False) truthy: 1/0, -1 */
+static int
+attr_truthy_or_false(PyObject *obj, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return 0;
+    }
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
 /* globals[name] truthy: 1/0, -1 (absent: the error upstream's read gives) */
 static int
 global_truthy(PyObject *globals, PyObject *name)
@@ -211,10 +228,12 @@ steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
     if ((v = attr_present(tls, cw->str_tracing_context)) != 0) {
         return v < 0 ? -1 : RT_CW_STATE;
     }
-    /* torch.compiler.is_exporting(); is_fx_symbolic_tracing()'s flag;
-     * torch.jit tracing */
+    /* torch.compiler.is_exporting(); is_fx_symbolic_tracing()'s flag (2.13:
+     * the module global _is_fx_tracing_flag; 2.14 on: _get_is_fx_tracing(),
+     * getattr(_is_fx_tracing_tls, "flag", False)); torch.jit tracing */
     if ((v = global_truthy(cw->compiler_globals, cw->str_exporting_flag)) != 0 ||
-        (v = global_truthy(cw->fx_globals, cw->str_fx_flag)) != 0) {
+        (v = cw->fx_flag_tls != NULL ? attr_truthy_or_false(cw->fx_flag_tls, cw->str_flag)
+                                     : global_truthy(cw->fx_globals, cw->str_fx_flag)) != 0) {
         return v < 0 ? -1 : RT_CW_STATE;
     }
     PyObject *jit = PyObject_CallNoArgs(cw->is_jit_tracing);
@@ -248,7 +267,10 @@ steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
     if (!ok) {
         return RT_CW_STATE;
     }
-    PyObject *patch = PyObject_GetAttr(cw->module_cls, cw->str_needs_tag_patch);
+    /* install_generation_tagging_init has patched Module: through 2.14
+     * getattr(Module, "___needs_generation_tag_patch", True) is falsy; 2.15
+     * on, Module.___has_generation_tag_patch is there (any value) */
+    PyObject *patch = PyObject_GetAttr(cw->module_cls, cw->str_tag_patch);
     if (patch == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
             return -1;
@@ -256,7 +278,7 @@ steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
         PyErr_Clear();
         return RT_CW_STATE;
     }
-    v = PyObject_IsTrue(patch);
+    v = cw->tag_patch_present ? 0 : PyObject_IsTrue(patch);
     Py_DECREF(patch);
     if (v != 0) {
         return v < 0 ? -1 : RT_CW_STATE;
@@ -843,10 +865,10 @@ PyType_Spec CompileWrapper_spec = {
     X(guards_globals) X(compiler_globals) X(fx_globals) X(is_fx_symbolic_tracing) \
     X(is_jit_tracing) X(module_cls) X(generation_tracker) X(get_depth) X(pop_depth) \
     X(include_set) X(exclude_set) X(force_guard) X(save_keys) X(restore_keys)     \
-    X(eager_nested) X(exc_compiler_error) X(exc_shorten)                          \
+    X(eager_nested) X(fx_flag_tls) X(exc_compiler_error) X(exc_shorten)                          \
     X(str_fullgraph) X(str_export) X(str_error_on_graph_break) X(str_isolate_id)  \
     X(str_enter_exit_hooks) X(str_tracing_context) X(str_tls) X(str_exporting_flag) \
-    X(str_fx_flag) X(str_needs_tag_patch) X(str_generation) X(str_stance)         \
+    X(str_fx_flag) X(str_flag) X(str_tag_patch) X(str_generation) X(str_stance)         \
     X(str_default) X(str_backend) X(str_skip_guard) X(str_stance_global)          \
     X(str_nested_error_config) X(str_verbose) X(str_skip_reasons) X(str_depth)    \
     X(str_with_traceback) X(str_remove_dynamo_frames) X(str_get_eog) X(str_set_eog)
@@ -902,17 +924,21 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
         "guards", "compiler", "fx", "is_jit_tracing", "module_cls", "generation_tracker",
         "get_depth",
         "pop_depth", "include_set", "exclude_set", "force_guard", "save_keys",
-        "restore_keys", "eager_nested", "compiler_errors", "shorten_traceback", NULL};
+        "restore_keys", "eager_nested", "fx_flag_tls", "tag_patch_attr", "tag_patch_present",
+        "compiler_errors", "shorten_traceback", NULL};
     PyObject *code, *cells, *coe, *oe, *eval_frame, *stance, *guards, *compiler, *fx, *jit;
     PyObject *module_cls, *tracker, *get_depth, *pop_depth, *include_set, *exclude_set;
-    PyObject *force_guard, *save_keys, *restore_keys, *eager_nested, *errors, *shorten;
+    PyObject *force_guard, *save_keys, *restore_keys, *eager_nested, *fx_flag_tls, *errors;
+    PyObject *shorten, *tag_patch;
+    int tag_patch_present;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "$O!O!O!O!O!O!O!O!O!OO!OOOOOOOOOO!O:_bind_compile_wrapper", keywords,
+            args, kwargs, "$O!O!O!O!O!O!O!O!O!OO!OOOOOOOOOOUpO!O:_bind_compile_wrapper", keywords,
             &PyCode_Type, &code, &PyTuple_Type, &cells, &PyCode_Type, &coe, &PyCode_Type, &oe,
             &PyModule_Type, &eval_frame, &PyType_Type, &stance, &PyModule_Type, &guards,
             &PyModule_Type, &compiler, &PyModule_Type, &fx, &jit, &PyType_Type, &module_cls,
             &tracker, &get_depth, &pop_depth, &include_set, &exclude_set, &force_guard,
-            &save_keys, &restore_keys, &eager_nested, &PyTuple_Type, &errors, &shorten)) {
+            &save_keys, &restore_keys, &eager_nested, &fx_flag_tls, &tag_patch,
+            &tag_patch_present, &PyTuple_Type, &errors, &shorten)) {
         return NULL;
     }
     int keys_cpp = save_keys != Py_None;
@@ -969,7 +995,7 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
         {offsetof(rt_cw_state, str_tls), "_TLS"},
         {offsetof(rt_cw_state, str_exporting_flag), "_is_exporting_flag"},
         {offsetof(rt_cw_state, str_fx_flag), "_is_fx_tracing_flag"},
-        {offsetof(rt_cw_state, str_needs_tag_patch), "___needs_generation_tag_patch"},
+        {offsetof(rt_cw_state, str_flag), "flag"},
         {offsetof(rt_cw_state, str_generation), "generation"},
         {offsetof(rt_cw_state, str_stance), "stance"},
         {offsetof(rt_cw_state, str_default), "default"},
@@ -1024,6 +1050,11 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
         cw->force_guard = Py_NewRef(force_guard);
     }
     cw->eager_nested = eager_nested == Py_None ? NULL : Py_NewRef(eager_nested);
+    cw->fx_flag_tls = fx_flag_tls == Py_None ? NULL : Py_NewRef(fx_flag_tls);
+    Py_INCREF(tag_patch);
+    PyUnicode_InternInPlace(&tag_patch);
+    cw->str_tag_patch = tag_patch;
+    cw->tag_patch_present = tag_patch_present;
     cw->exc_compiler_error = Py_NewRef(errors);
     cw->exc_shorten = Py_NewRef(shorten);
     cw->code = Py_NewRef(code); /* last: it marks the state bound */

@@ -56,6 +56,9 @@ typedef struct {
     PyObject *guards_globals;     /* torch._guards.__dict__ (its _TLS) */
     PyObject *compiler_globals;   /* torch.compiler.__dict__ (_is_exporting_flag) */
     PyObject *fx_globals;         /* torch.fx._symbolic_trace.__dict__ (_is_fx_tracing_flag) */
+    int tag_patch_present;        /* str_tag_patch's presence marks Module patched (2.15 on),
+                                   * else its falsy value */
+    PyObject *fx_flag_tls;        /* 2.14 on: its _is_fx_tracing_tls (the flag's home), or NULL */
     PyObject *is_fx_symbolic_tracing, *is_jit_tracing;
     PyObject *module_cls;         /* torch.nn.Module: ___needs_generation_tag_patch */
     PyObject *generation_tracker; /* mutation_guard.GenerationTracker: generation += 1 */
@@ -70,7 +73,7 @@ typedef struct {
     /* interned attribute names */
     PyObject *str_fullgraph, *str_export, *str_error_on_graph_break, *str_isolate_id;
     PyObject *str_enter_exit_hooks, *str_tracing_context, *str_tls, *str_exporting_flag;
-    PyObject *str_fx_flag, *str_needs_tag_patch, *str_generation, *str_stance, *str_default;
+    PyObject *str_fx_flag, *str_flag, *str_tag_patch, *str_generation, *str_stance, *str_default;
     PyObject *str_backend, *str_skip_guard, *str_stance_global, *str_nested_error_config;
     PyObject *str_verbose, *str_skip_reasons, *str_depth, *str_with_traceback;
     PyObject *str_remove_dynamo_frames, *str_get_eog, *str_set_eog;
