@@ -8,7 +8,8 @@ each call (eval-frame callback, grad mode, dispatch include/exclude sets,
 the functorch dynamic layer stack, the skip-guard-eval and isolate-recompiles
 settings), the stances, fullgraph, error_on_graph_break, export, FX and jit
 tracing of a compiled function, generators, threads, the profiler's events,
-torch._dynamo.reset(), torch.compiler.disable; and which path calls took.
+the structured trace and compilation metrics, torch._dynamo.reset(),
+torch.compiler.disable, methods and classes; and which path calls took.
 """
 
 from __future__ import annotations
@@ -383,6 +384,48 @@ def test_profiler_events():
         return _v(out), names
 
     differential(program)
+
+
+def test_structured_trace_and_metrics():
+    """The structured trace (torch._logging's trace log, as TORCH_TRACE
+    writes it) and Dynamo's compilation-time metrics over a compile, a
+    recompile and steady calls: the same events in the same order, the
+    same metric names, each recorded as often."""
+    import logging
+
+    from torch._dynamo.utils import compilation_time_metrics
+    from torch._logging._internal import trace_log
+
+    class Events(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.names = []
+
+        def emit(self, record):
+            meta = getattr(record, "metadata", None)
+            name = next(iter(meta)) if isinstance(meta, dict) and meta else None
+            if name != "str":  # the process's interning of file names: first use only
+                self.names.append(name)
+
+    def program():
+        compilation_time_metrics.clear()
+        handler = Events()
+        trace_log.addHandler(handler)
+        try:
+            g = torch.compile(f, backend="aot_eager")
+            x, w = torch.randn(3, 4), torch.randn(3, 4)
+            outs = [_v(g(x, w)) for _ in range(3)]
+            outs += [_v(g(torch.randn(5), torch.randn(5))) for _ in range(3)]
+        finally:
+            trace_log.removeHandler(handler)
+        metrics = {k: len(v) for k, v in compilation_time_metrics.items()}
+        return outs, handler.names, metrics
+
+    # the process's first compile logs no "dynamo" begin event (the chromium
+    # logger's first use): one before both runs
+    torch.compile(lambda x: x + 1, backend="aot_eager")(torch.randn(2))
+    r, _ = differential(program, min_c=4)
+    assert r[1] and r[2], r
 
 
 def test_reset_and_module():

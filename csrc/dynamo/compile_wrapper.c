@@ -860,18 +860,20 @@ PyType_Spec CompileWrapper_spec = {
 
 /* ---- binding, counts ----------------------------------------------------------- */
 
-#define CW_OBJECTS(X)                                                             \
-    X(code) X(call_on_enter_code) X(on_enter_code) X(globals) X(stance)           \
-    X(guards_globals) X(compiler_globals) X(fx_globals) X(is_fx_symbolic_tracing) \
-    X(is_jit_tracing) X(module_cls) X(generation_tracker) X(get_depth) X(pop_depth) \
-    X(include_set) X(exclude_set) X(force_guard) X(save_keys) X(restore_keys)     \
-    X(eager_nested) X(fx_flag_tls) X(exc_compiler_error) X(exc_shorten)                          \
-    X(str_fullgraph) X(str_export) X(str_error_on_graph_break) X(str_isolate_id)  \
-    X(str_enter_exit_hooks) X(str_tracing_context) X(str_tls) X(str_exporting_flag) \
-    X(str_fx_flag) X(str_flag) X(str_tag_patch) X(str_generation) X(str_stance)         \
-    X(str_default) X(str_backend) X(str_skip_guard) X(str_stance_global)          \
-    X(str_nested_error_config) X(str_verbose) X(str_skip_reasons) X(str_depth)    \
-    X(str_with_traceback) X(str_remove_dynamo_frames) X(str_get_eog) X(str_set_eog)
+#define CW_OBJECTS(X)                                                          \
+    X(code) X(call_on_enter_code) X(on_enter_code) X(globals) X(stance)        \
+    X(guards_globals) X(compiler_globals) X(fx_globals)                        \
+    X(is_fx_symbolic_tracing) X(is_jit_tracing) X(module_cls)                  \
+    X(generation_tracker) X(get_depth) X(pop_depth) X(include_set)             \
+    X(exclude_set) X(force_guard) X(save_keys) X(restore_keys) X(eager_nested) \
+    X(fx_flag_tls) X(exc_compiler_error) X(exc_shorten) X(str_fullgraph)       \
+    X(str_export) X(str_error_on_graph_break) X(str_isolate_id)                \
+    X(str_enter_exit_hooks) X(str_tracing_context) X(str_tls)                  \
+    X(str_exporting_flag) X(str_fx_flag) X(str_flag) X(str_tag_patch)          \
+    X(str_generation) X(str_stance) X(str_default) X(str_backend)              \
+    X(str_skip_guard) X(str_stance_global) X(str_nested_error_config)          \
+    X(str_verbose) X(str_skip_reasons) X(str_depth) X(str_with_traceback)      \
+    X(str_remove_dynamo_frames) X(str_get_eog) X(str_set_eog)
 
 int
 rt_cw_traverse(rt_cw_state *cw, visitproc visit, void *arg)
