@@ -7,7 +7,9 @@
 #   bash scripts/test.sh tests/test_cpp.py -x      # test paths (tests/...) replace the default tests/
 #   TORCH_AOT_RT_TORCH=2.14.1 bash scripts/test.sh  # one release (or canary) only
 # On each release the suite runs twice: with the C++ part (csrc/cpp/, built for that
-# torch) and with the C core alone (TORCH_AOT_RT_CPP=0). Setting TORCH_AOT_RT_CPP
+# torch) and with the C core alone (TORCH_AOT_RT_CPP=0); the tests marked
+# cpp_independent (subprocess checks of the gate, build, loader and switches) run in
+# the first only. Setting TORCH_AOT_RT_CPP
 # (1 or 0) runs only that configuration. On a canary (a torch release no entry of
 # torch_aot_rt/_versions.py covers) the suite runs once, with the C core alone (the
 # C++ part is not built there, whatever TORCH_AOT_RT_CPP says), TORCH_AOT_RT_CANARY=1
@@ -101,6 +103,13 @@ run_config() {
         # TORCH_AOT_RT_CANARY=1 tells the suite it must find an unverified torch.
         if is_canary "$version"; then export TORCH_AOT_RT_CANARY=1; fi
         export TORCH_AOT_RT_CPP="$cpp" PYTHONPATH="$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}"
+        # The C-core-alone run of a release that also runs with the C++ part
+        # deselects the tests marked cpp_independent (tests/conftest.py): the gate,
+        # the build, the loader and the switches, each checked in subprocesses
+        # that do not depend on the C++ part, run once per release, in that run.
+        if [ "$cpp" = "0" ] && [ "$(configs_of "$version")" = "1 0" ]; then
+            export TORCH_AOT_RT_ONCE_PER_RELEASE=1
+        fi
         run_py -m pytest -p pytest_require_tests "${where[@]}" -q "${canary_args[@]}" "$@" </dev/null
     ) || rc=$?
     if [ "$rc" -eq 5 ] && is_canary "$version"; then

@@ -78,6 +78,14 @@ def pytest_configure(config):
         "canary: runs on every torch, also where the import is inactive (an unverified "
         "release): there it checks that torch is left exactly as it was",
     )
+    config.addinivalue_line(
+        "markers",
+        "cpp_independent: checks what does not depend on the C++ part (the gate, the "
+        "build, the loader and the switches, each in its own subprocess that sets "
+        "TORCH_AOT_RT_CPP itself or reads nothing of it): scripts/test.sh runs it in a "
+        "release's run with the C++ part and deselects it in the same release's "
+        "C-core-alone run (TORCH_AOT_RT_ONCE_PER_RELEASE=1)",
+    )
 
 
 def pytest_report_header(config):
@@ -91,7 +99,20 @@ def pytest_report_header(config):
     return [f"torch {torch.__version__}; torch_aot_rt: {mode}; devices: {DEVICES}"]
 
 
+# scripts/test.sh sets this in the C-core-alone run of a release that also has a
+# run with the C++ part: what is the same in both runs (marked cpp_independent)
+# runs once, in the other.
+ONCE_PER_RELEASE = (os.environ.get("TORCH_AOT_RT_ONCE_PER_RELEASE", "") == "1"
+                    and os.environ.get("TORCH_AOT_RT_CPP", "") == "0")
+
+
 def pytest_collection_modifyitems(config, items):
+    if ONCE_PER_RELEASE:
+        kept = [item for item in items if "cpp_independent" not in item.keywords]
+        if len(kept) < len(items):
+            config.hook.pytest_deselected(
+                items=[item for item in items if "cpp_independent" in item.keywords])
+            items[:] = kept
     if D.C_ENABLED:
         return
     if D.INACTIVE is not None:

@@ -33,7 +33,7 @@ import torch
 from torch_aot_rt import _cpp
 
 # Runs on the canaries too: there the unsupported-headers case is the real one.
-pytestmark = pytest.mark.canary
+pytestmark = [pytest.mark.canary, pytest.mark.cpp_independent]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")

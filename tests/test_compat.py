@@ -13,6 +13,9 @@ import textwrap
 
 import pytest
 
+# the gate, in subprocesses: the same with the C++ part and without
+pytestmark = pytest.mark.cpp_independent
+
 SCRIPT = textwrap.dedent(
     """
     import json, torch, torch._dynamo

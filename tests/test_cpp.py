@@ -179,6 +179,7 @@ def _base(version: str) -> str:
     return version.split("+")[0]
 
 
+@pytest.mark.cpp_independent  # sets TORCH_AOT_RT_CPP itself
 def test_record_of_another_torch_is_not_loaded():
     result = run('torch.version.git_version = "0" * 40', TORCH_AOT_RT_CPP="1")
     assert result["same"]
@@ -193,6 +194,7 @@ def test_record_of_another_torch_is_not_loaded():
     assert result["stats"]["autograd_functions"] == 1
 
 
+@pytest.mark.cpp_independent  # sets TORCH_AOT_RT_CPP itself
 def test_torch_it_was_not_built_for():
     fake = _base(str(torch.__version__)) + "+notbuilt"
     result = run(f"torch.__version__ = {fake!r}", TORCH_AOT_RT_CPP="1")
@@ -206,6 +208,7 @@ def test_torch_it_was_not_built_for():
     assert result["stats"]["runtime_wrappers"] == 1
 
 
+@pytest.mark.cpp_independent  # sets TORCH_AOT_RT_CPP itself
 def test_switched_off_is_not_loaded():
     result = run("", TORCH_AOT_RT_CPP="0")
     assert result["same"]
@@ -216,6 +219,7 @@ def test_switched_off_is_not_loaded():
     assert result["stats"]["runtime_wrappers"] == 1
 
 
+@pytest.mark.cpp_independent  # sets TORCH_AOT_RT_CPP itself
 def test_loaded_when_built():
     result = run("", TORCH_AOT_RT_CPP="1")
     name = _cpp.module_name(str(torch.__version__))

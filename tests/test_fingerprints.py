@@ -14,7 +14,7 @@ import torch
 
 from torch_aot_rt import _fingerprints, _mirrored, _versions
 
-pytestmark = pytest.mark.canary
+pytestmark = [pytest.mark.canary, pytest.mark.cpp_independent]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCH_DIR = os.path.dirname(torch.__file__)

@@ -189,6 +189,7 @@ def _fake_prerelease() -> str:
 
 
 @pytest.mark.canary
+@pytest.mark.cpp_independent  # the gate
 def test_import_on_unverified_torch_changes_nothing():
     fake = _fake_unverified()
     result = run(fake)
@@ -197,6 +198,7 @@ def test_import_on_unverified_torch_changes_nothing():
 
 
 @pytest.mark.canary
+@pytest.mark.cpp_independent  # the gate
 def test_opt_in_never_breaks_a_compile():
     """TORCH_AOT_RT_UNVERIFIED=1 on any torch: whatever the gate decides, the
     compile never raises because of us and results are upstream's; where the
@@ -212,6 +214,7 @@ def test_opt_in_never_breaks_a_compile():
 
 
 @pytest.mark.canary
+@pytest.mark.cpp_independent  # the gate
 def test_opt_in_with_changed_signature_replaces_nothing():
     """An opt-in torch whose _create_runtime_wrapper takes other arguments: the
     internals do not bind; nothing is replaced, and the reason names it."""
@@ -242,6 +245,7 @@ def _candidate():
 
 
 @pytest.mark.needs_c  # fakes a changed fingerprint on a verified torch
+@pytest.mark.cpp_independent  # the gate
 def test_changed_mirrored_code_closes_the_gate():
     """A verified series whose mirrored code is not the recorded source (a
     patch release, a rebuild, a local fix): inactive, naming the piece. A

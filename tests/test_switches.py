@@ -235,6 +235,7 @@ _PROBE = """
 """
 
 
+@pytest.mark.cpp_independent
 def test_env_switch_off_changes_nothing():
     """TORCH_AOT_RT=0: the import patches nothing and builds nothing; an
     explicit enable() still installs the C runtime (if the extension is
@@ -247,6 +248,7 @@ def test_env_switch_off_changes_nothing():
 
 
 @pytest.mark.needs_c
+@pytest.mark.cpp_independent
 def test_env_switch_on_installs():
     """No TORCH_AOT_RT: the import installs the C runtime for both the runtime
     wrapper and CompiledFunction; uninstall() puts upstream's back."""

@@ -29,7 +29,7 @@ import torch_aot_rt
 from _trace_log import split_blocks
 from torch_aot_rt import _trace, _versions
 
-pytestmark = pytest.mark.needs_c
+pytestmark = [pytest.mark.needs_c, pytest.mark.cpp_independent]
 
 RELEASE = _versions.resolve(torch.__version__).release
 AGGREGATED = "aot_autograd_runtime_wrappers"
