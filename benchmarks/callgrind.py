@@ -278,6 +278,19 @@ def _table(title, per_call, group, names, variants, base):
         print(line)
 
 
+def write_json(path: str, per_call: dict, calls: int) -> None:
+    """The counts of this run, for benchmarks/chart.py: Ir per call by
+    "group|row|variant", and the torch they were measured on."""
+    from importlib.metadata import version
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"torch": version("torch"), "calls": calls,
+                   "per_call": {"|".join(k): round(v, 1) for k, v in sorted(per_call.items())}},
+                  f, indent=1)
+        f.write("\n")
+
+
 def report(cases=None, calls: int = 2000, e2e: bool = True, function: bool = True,
            keep: str | None = None, layers_only: bool = False) -> dict:
     from benchmarks import _cases
@@ -337,6 +350,8 @@ def main(argv=None):
     p.add_argument("--no-function", action="store_true",
                    help="skip the CompiledFunction rows")
     p.add_argument("--keep", metavar="DIR", help="keep the callgrind dumps in DIR")
+    p.add_argument("--json", metavar="FILE",
+                   help="also write the counts to FILE (for benchmarks/chart.py)")
     p.add_argument("--layers-only", action="store_true",
                    help="only the other per-call layers (no wrapper, CompiledFunction or "
                         "end-to-end rows)")
@@ -352,9 +367,11 @@ def main(argv=None):
         name, variant, calls = args.inner_whole
         inner_whole(name, variant, int(calls))
     else:
-        report(args.cases, args.calls, e2e=not args.no_e2e and not args.layers_only,
-               function=not args.no_function or args.layers_only, keep=args.keep,
-               layers_only=args.layers_only)
+        per_call = report(args.cases, args.calls, e2e=not args.no_e2e and not args.layers_only,
+                          function=not args.no_function or args.layers_only, keep=args.keep,
+                          layers_only=args.layers_only)
+        if args.json:
+            write_json(args.json, per_call, args.calls)
 
 
 if __name__ == "__main__":

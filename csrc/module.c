@@ -112,6 +112,15 @@ static PyMethodDef module_methods[] = {
     {"_compile_wrapper_for", rt_compile_wrapper_for, METH_O,
      PyDoc_STR("_compile_wrapper_for(wrapper)\nwrapper, or a CompileWrapper over it when it "
                "is the verified compile_wrapper (counted).")},
+    {"_bind_config_read", rt_bind_config_read, METH_O,
+     PyDoc_STR("_bind_config_read(ConfigModule)\nRead the config settings the layers read "
+               "per call in C, as ConfigModule.__getattr__ returns them (once the shim "
+               "checked the release mirrors it).")},
+    {"_config_read", (PyCFunction)(void (*)(void))rt_config_read_py, METH_FASTCALL,
+     PyDoc_STR("_config_read(config, name)\nconfig.<name> as the layers read it per call.")},
+    {"_config_read_stats", (PyCFunction)(void (*)(void))rt_config_read_stats, METH_FASTCALL,
+     PyDoc_STR("_config_read_stats(reset=False)\nConfig settings read per call, in C or by "
+               "Python's attribute read; reset zeroes the counts.")},
     {"_compile_wrapper_stats", (PyCFunction)(void (*)(void))rt_cw_stats, METH_FASTCALL,
      PyDoc_STR("_compile_wrapper_stats(reset=False)\nCompileWrappers built and their calls "
                "by path; reset zeroes the counts.")},

@@ -418,6 +418,10 @@ rt_state_traverse(rt_state *st, visitproc visit, void *arg)
     if (rc != 0) {
         return rc;
     }
+    rc = rt_config_reader_traverse(&st->config_reader, visit, arg);
+    if (rc != 0) {
+        return rc;
+    }
     return rt_disable_traverse(&st->disable, visit, arg);
 }
 
@@ -435,6 +439,7 @@ rt_state_clear(rt_state *st)
     rt_disable_clear(&st->disable);
     rt_inductor_names_clear(&st->inductor);
     rt_cw_clear(&st->cw);
+    rt_config_reader_clear(&st->config_reader);
     rt_wrappers_state_clear(&st->wrappers);
     rt_alias_state_clear(&st->alias);
     st->cpp = st->cpp_loaded = NULL; /* its capsule was cleared above */
@@ -1122,7 +1127,7 @@ rt_prologue_range_enter(rt_state *st, PyObject **range)
     if (v <= 0) {
         return v;
     }
-    PyObject *flag = PyObject_GetAttr(st->dynamo_config, st->str_record_runtime_overhead);
+    PyObject *flag = rt_config_read(st, st->dynamo_config, st->str_record_runtime_overhead);
     if (flag == NULL) {
         return -1;
     }

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 
 #include "aot/alias_state.h"
+#include "config_read.h"
 #include "dynamo/compile_wrapper.h"
 #include "dynamo/disable.h"
 #include "inductor/inductor.h"
@@ -96,6 +97,7 @@ typedef struct rt_state {
     /* profiler range */
     PyObject *profiler_globals;           /* torch.autograd.profiler.__dict__ */
     PyObject *dynamo_config;              /* torch._dynamo.config */
+    rt_config_reader config_reader;       /* config_read.c: their settings read */
     PyObject *RecordFunctionFast;         /* torch._C._profiler._RecordFunctionFast */
     PyObject *prologue_range_name;
     /* saved-tensor hooks (torch._C._autograd) */

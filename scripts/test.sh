@@ -98,18 +98,19 @@ run_config() {
             tests/*) where=() ;;
         esac
     done
+    # The C-core-alone run of a release that also runs with the C++ part
+    # deselects the tests marked cpp_independent (tests/conftest.py): the gate,
+    # the build, the loader and the switches, each checked in subprocesses that
+    # do not depend on the C++ part, run once per release, in that run. (Asked
+    # before TORCH_AOT_RT_CPP is exported below, which configs_of reads.)
+    local once=""
+    if [ "$cpp" = "0" ] && [ "$(configs_of "$version")" = "1 0" ]; then once=1; fi
     (
         torch_env "$version"
         # TORCH_AOT_RT_CANARY=1 tells the suite it must find an unverified torch.
         if is_canary "$version"; then export TORCH_AOT_RT_CANARY=1; fi
         export TORCH_AOT_RT_CPP="$cpp" PYTHONPATH="$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}"
-        # The C-core-alone run of a release that also runs with the C++ part
-        # deselects the tests marked cpp_independent (tests/conftest.py): the gate,
-        # the build, the loader and the switches, each checked in subprocesses
-        # that do not depend on the C++ part, run once per release, in that run.
-        if [ "$cpp" = "0" ] && [ "$(configs_of "$version")" = "1 0" ]; then
-            export TORCH_AOT_RT_ONCE_PER_RELEASE=1
-        fi
+        if [ -n "$once" ]; then export TORCH_AOT_RT_ONCE_PER_RELEASE=1; fi
         run_py -m pytest -p pytest_require_tests "${where[@]}" -q "${canary_args[@]}" "$@" </dev/null
     ) || rc=$?
     if [ "$rc" -eq 5 ] && is_canary "$version"; then

@@ -142,6 +142,7 @@ def test_stats_snapshot_and_reset():
         "dynamo_pregraph": {k: 0 for k in torch_aot_rt.stats()["dynamo_pregraph"]},
         "inductor_graph_call": {k: 0 for k in torch_aot_rt.stats()["inductor_graph_call"]},
         "dynamo_compile_wrapper": {k: 0 for k in torch_aot_rt.stats()["dynamo_compile_wrapper"]},
+        "config_reads": {"in C": 0, "upstream's": 0},
     }
     assert "taken" in torch_aot_rt.stats()["cpp_node"]
     assert "taken" in torch_aot_rt.stats()["cpp_epilogue"]

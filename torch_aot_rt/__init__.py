@@ -96,7 +96,11 @@ def stats() -> dict:
     calls of inductor's compiled graphs (``CompiledFxGraph.__call__``) by
     path, the same way. ``dynamo_compile_wrapper``: compiled functions whose
     ``compile_wrapper`` (what ``torch.compile`` returns) runs in C
-    (``built``), and their calls by path.
+    (``built``), and their calls by path. ``config_reads``: the torch config
+    settings our layers read per call, read ``in C`` (as
+    ``ConfigModule.__getattr__`` returns them) or by ``upstream's`` attribute
+    read (a deprecated, aliased or hidden setting, a mutable default; every
+    read on torch 2.11).
     """
     gate = _state.gate()
     inactive = _state.installed.get("closed") if gate else None
@@ -116,6 +120,7 @@ def stats() -> dict:
     out["dynamo_pregraph"] = _pregraph_stats()
     out["inductor_graph_call"] = _graph_call_stats()
     out["dynamo_compile_wrapper"] = _compile_wrapper_stats()
+    out["config_reads"] = _config_read_stats()
     return out
 
 
@@ -155,6 +160,12 @@ def _compile_wrapper_stats(reset: bool = False) -> dict:
     return _C._compile_wrapper_stats(reset)
 
 
+def _config_read_stats(reset: bool = False) -> dict:
+    from . import _C
+
+    return _C._config_read_stats(reset)
+
+
 def reset_stats() -> None:
     _state.reset_counters()
     _node_stats(reset=True)
@@ -163,6 +174,7 @@ def reset_stats() -> None:
     _pregraph_stats(reset=True)
     _graph_call_stats(reset=True)
     _compile_wrapper_stats(reset=True)
+    _config_read_stats(reset=True)
 
 
 if os.environ.get("TORCH_AOT_RT", "1").strip().lower() not in ("0", "false", "off", "no"):

@@ -267,6 +267,16 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("compiler/__init__.py", (
         "is_exporting",
     )),
+    ("utils/_config_module.py", (
+        # csrc/config_read.c: a config setting read, as __getattr__ returns it
+        "ConfigModule.__getattr__",
+        "ConfigModule._warn_if_deprecated",
+        "ConfigModule._get_alias_val",
+        "ConfigModule._get_alias_module_and_name",
+        "_ConfigEntry",
+        "_UNSET_SENTINEL",
+        "_IMMUTABLE_CONFIG_TYPES",
+    )),
 )
 
 

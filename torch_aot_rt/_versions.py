@@ -196,6 +196,12 @@ class Release:
     # = True, read for presence only (and GenerationTracker an instance of
     # _GenerationTracker, its generation an instance attribute)
     generation_tag_patch_attr: str = "___needs_generation_tag_patch"
+    # --- a config setting read per call (csrc/config_read.c) ---
+    # ConfigModule.__getattr__ reads a ContextVar user override, warns once
+    # on a deprecated setting and deep-copies every default not of
+    # _IMMUTABLE_CONFIG_TYPES (2.12 on); 2.11's keeps the override in a plain
+    # attribute and copies list/set/dict defaults only: its reads stay Python's
+    config_read_mirrored: bool = True
     # --- the pregraph bytecode hooks (csrc/dynamo/pregraph.c) ---
     # the transformed bytecode calls torch._dynamo.utils.
     # record_pregraph_bytecode_enter/_exit (torch._disable_dynamo'd) on every
@@ -357,6 +363,7 @@ VERIFIED: tuple[Release, ...] = (
         surviving_grad_attr="requires_grad",
         tangent_error_context=False,
         downgrade_keeps_grad_enabled_mutation=False,
+        config_read_mirrored=False,
     ),
     _REL_212,
     Release(

@@ -888,7 +888,7 @@ backward_call(CompiledBackward *self, PyObject *ctx, PyObject *all_args)
     }
     if (keep_graph) {
         /* donated buffers need saved tensors used once */
-        PyObject *donated = PyObject_GetAttr(st->functorch_config, st->str_donated_buffer);
+        PyObject *donated = rt_config_read(st, st->functorch_config, st->str_donated_buffer);
         int on = donated ? PyObject_IsTrue(donated) : -1;
         Py_XDECREF(donated);
         if (on > 0) {

@@ -328,7 +328,7 @@ static int
 debug_assert_checks(CompiledForward *self, PyObject *raw)
 {
     rt_state *st = self->st;
-    PyObject *flag = PyObject_GetAttr(st->functorch_config, st->str_debug_assert);
+    PyObject *flag = rt_config_read(st, st->functorch_config, st->str_debug_assert);
     int on = flag ? PyObject_IsTrue(flag) : -1;
     Py_XDECREF(flag);
     if (on <= 0) {

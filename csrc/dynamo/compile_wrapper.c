@@ -656,7 +656,7 @@ CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
     }
     if (c.fullgraph) {
         /* before the try: an error here leaves `prior` unrestored, as upstream */
-        PyObject *flag = PyObject_GetAttr(g[RT_CWG_CONFIG], cw->str_nested_error_config);
+        PyObject *flag = rt_config_read(self->st, g[RT_CWG_CONFIG], cw->str_nested_error_config);
         prior_nested = flag ? call1(g[RT_CWG_SET_FG_NESTED], flag) : NULL;
         Py_XDECREF(flag);
         if (prior_nested == NULL) {

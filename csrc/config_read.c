@@ -1,0 +1,396 @@
+/* A torch config setting read in C: what `torch._dynamo.config.<name>` runs,
+ * ConfigModule.__getattr__ (torch/utils/_config_module.py; the same source
+ * 2.12 to 2.15, fingerprinted with _warn_if_deprecated, _get_alias_val,
+ * _get_alias_module_and_name and _ConfigEntry), for the settings our layers
+ * read per call (compile_wrapper's error_on_dynamo_callback_in_fullgraph_
+ * compiled_code under fullgraph, ...). In Python the read costs about 16,000
+ * instructions; here a few hundred. Mirrored:
+ *
+ *     config = self._config[name]                 # KeyError -> AttributeError
+ *     if config.hide: raise AttributeError(...)
+ *     self._warn_if_deprecated(name, config)      # warns once if deprecated
+ *     alias_val = self._get_alias_val(config)     # _UNSET_SENTINEL unless aliased
+ *     if alias_val is not _UNSET_SENTINEL: return alias_val
+ *     if config.env_value_force is not _UNSET_SENTINEL: return config.env_value_force
+ *     user_override = config.user_override.get()  # a ContextVar
+ *     if user_override is not _UNSET_SENTINEL: return user_override
+ *     if config.env_value_default is not _UNSET_SENTINEL: return config.env_value_default
+ *     if config.justknob is not None: return justknobs_check(...)
+ *     if not isinstance(config.default, _IMMUTABLE_CONFIG_TYPES):
+ *         (deep-copied into user_override)
+ *     return config.default
+ *
+ * C returns the value where that is all the read does; everything else (a
+ * hidden, deprecated-and-not-yet-warned, aliased or justknob setting, a
+ * mutable default, a missing one) is Python's own read, which re-reads the
+ * same fields (reading them has no effect). Python reaches __getattr__ only
+ * after the module's own lookup fails: the module's class and its bases
+ * before ModuleType define neither `name` nor __getattribute__, the
+ * __getattr__ they resolve to is ConfigModule's, as are the methods it calls
+ * (checked per class and type version), and the module's __dict__ holds
+ * neither `name` nor a PEP 562 __getattr__ nor those methods (checked per
+ * read). Else Python's read. */
+#include "config_read.h"
+
+#include "fn_object.h"
+#include "torch_api.h"
+
+/* The first class of tp's MRO before ModuleType whose __dict__ holds key
+ * (borrowed), NULL with none (or an error set). */
+static PyObject *
+mro_lookup(PyTypeObject *tp, PyObject *key, int *error)
+{
+    PyObject *mro = tp->tp_mro;
+    *error = 0;
+    if (mro == NULL || !PyTuple_Check(mro)) {
+        *error = 1;
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
+        PyTypeObject *c = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+        if (c == &PyModule_Type) {
+            break;
+        }
+        PyObject *v = PyDict_GetItemWithError(c->tp_dict, key);
+        if (v != NULL || PyErr_Occurred()) {
+            *error = v == NULL;
+            return v;
+        }
+    }
+    return NULL;
+}
+
+/* 1: tp's lookup of name, __getattribute__, _config and the methods
+ * reaches ConfigModule.__getattr__ and its callees; 0: not; -1: error. */
+static int
+class_reaches_getattr(rt_config_reader *r, PyTypeObject *tp, PyObject *name)
+{
+    if (!PyType_IsSubtype(tp, r->config_module)) {
+        return 0;
+    }
+    PyObject *plain[] = {name, r->str_getattribute, r->str_config};
+    for (size_t i = 0; i < sizeof(plain) / sizeof(plain[0]); i++) {
+        int error;
+        if (mro_lookup(tp, plain[i], &error) != NULL || error) {
+            return error ? -1 : 0;
+        }
+    }
+    for (int m = 0; m < RT_CFGM_N; m++) {
+        int error;
+        PyObject *found = mro_lookup(tp, r->method_names[m], &error);
+        if (found != r->methods[m]) {
+            return error ? -1 : 0;
+        }
+    }
+    return 1;
+}
+
+/* tp verified at its current type version (cached), or now. */
+static int
+verified_class(rt_config_reader *r, PyTypeObject *tp, PyObject *name)
+{
+    int tagged = (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) != 0;
+    for (int i = 0; i < RT_CFG_TYPES; i++) {
+        if (r->verified[i] == tp) {
+            if (tagged && r->verified_tag[i] == tp->tp_version_tag) {
+                /* the class checks held for this version; the name's own */
+                int error;
+                if (mro_lookup(tp, name, &error) != NULL || error) {
+                    return error ? -1 : 0;
+                }
+                return 1;
+            }
+            break;
+        }
+    }
+    int ok = class_reaches_getattr(r, tp, name);
+    if (ok <= 0 || !tagged) {
+        return ok;
+    }
+    /* remember it: its slot, else the first free one, else the last */
+    int slot = RT_CFG_TYPES - 1;
+    for (int i = 0; i < RT_CFG_TYPES; i++) {
+        if (r->verified[i] == tp || r->verified[i] == NULL) {
+            slot = i;
+            break;
+        }
+    }
+    Py_INCREF(tp);
+    Py_XSETREF(r->verified[slot], tp);
+    r->verified_tag[slot] = tp->tp_version_tag;
+    return 1;
+}
+
+/* 1 with *out (a new reference) set: the value; 0: Python's read decides;
+ * -1: an error reading what upstream reads the same way. */
+static int
+read_in_c(rt_config_reader *r, PyObject *config, PyObject *name, PyObject **out)
+{
+    *out = NULL;
+    if (!PyModule_Check(config)) {
+        return 0;
+    }
+    int ok = verified_class(r, Py_TYPE(config), name);
+    if (ok <= 0) {
+        return ok;
+    }
+    PyObject *mdict = PyModule_GetDict(config); /* borrowed */
+    PyObject *shadows[] = {name, r->method_names[RT_CFGM_GETATTR], r->method_names[RT_CFGM_WARN],
+                           r->method_names[RT_CFGM_ALIAS_VAL],
+                           r->method_names[RT_CFGM_ALIAS_NAME]};
+    for (size_t i = 0; i < sizeof(shadows) / sizeof(shadows[0]); i++) {
+        if (PyDict_GetItemWithError(mdict, shadows[i]) != NULL || PyErr_Occurred()) {
+            return PyErr_Occurred() ? -1 : 0;
+        }
+    }
+    PyObject *entries = PyDict_GetItemWithError(mdict, r->str_config);
+    if (entries == NULL || !PyDict_CheckExact(entries)) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    PyObject *unset = PyDict_GetItemWithError(r->globals, r->str_unset);
+    PyObject *immutable = unset ? PyDict_GetItemWithError(r->globals, r->str_immutable) : NULL;
+    if (immutable == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    PyObject *entry = PyDict_GetItemWithError(entries, name);
+    if (entry == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    Py_INCREF(entry); /* the entries dict may change under the reads below */
+    Py_INCREF(unset);
+    Py_INCREF(immutable);
+    PyObject *v = NULL;
+    int rc = 0;
+#define READ(attr)                                  \
+    do {                                            \
+        Py_XSETREF(v, PyObject_GetAttr(entry, attr)); \
+        if (v == NULL) {                            \
+            rc = -1;                                \
+            goto done;                              \
+        }                                           \
+    } while (0)
+#define TRUTH(t)                                    \
+    do {                                            \
+        t = PyObject_IsTrue(v);                     \
+        if (t < 0) {                                \
+            rc = -1;                                \
+            goto done;                              \
+        }                                           \
+    } while (0)
+    int t;
+    READ(r->str_hide);
+    TRUTH(t);
+    if (t) {
+        goto done; /* hidden: Python raises */
+    }
+    READ(r->str_deprecated);
+    TRUTH(t);
+    if (t) {
+        READ(r->str_warned);
+        TRUTH(t);
+        if (!t) {
+            goto done; /* Python warns, once */
+        }
+    }
+    READ(r->str_alias);
+    if (v != Py_None) {
+        goto done; /* aliased: Python imports and reads the other module */
+    }
+    READ(r->str_force);
+    if (v != unset) {
+        goto found;
+    }
+    READ(r->str_user_override);
+    if (!PyContextVar_CheckExact(v)) {
+        goto done;
+    }
+    {
+        PyObject *value = NULL;
+        if (PyContextVar_Get(v, NULL, &value) < 0) {
+            rc = -1;
+            goto done;
+        }
+        if (value == NULL) {
+            goto done; /* no value, no default: Python's .get() raises */
+        }
+        Py_SETREF(v, value);
+    }
+    if (v != unset) {
+        goto found;
+    }
+    READ(r->str_env_default);
+    if (v != unset) {
+        goto found;
+    }
+    READ(r->str_justknob);
+    if (v != Py_None) {
+        goto done; /* Python asks justknobs */
+    }
+    READ(r->str_default);
+    t = PyObject_IsInstance(v, immutable);
+    if (t <= 0) {
+        rc = t; /* a mutable default: Python copies it into user_override */
+        goto done;
+    }
+found:
+    *out = v;
+    v = NULL;
+    rc = 1;
+done:
+#undef READ
+#undef TRUTH
+    Py_XDECREF(v);
+    Py_DECREF(entry);
+    Py_DECREF(unset);
+    Py_DECREF(immutable);
+    return rc;
+}
+
+PyObject *
+rt_config_read(rt_state *st, PyObject *config, PyObject *name)
+{
+    rt_config_reader *r = &st->config_reader;
+    if (r->config_module != NULL) {
+        PyObject *value;
+        int rc = read_in_c(r, config, name, &value);
+        if (rc != 0) {
+            if (rc > 0) {
+                r->counts[RT_CFG_C]++;
+            }
+            return value; /* NULL with the error of a read upstream makes too */
+        }
+        r->counts[RT_CFG_UPSTREAM]++;
+    }
+    return PyObject_GetAttr(config, name);
+}
+
+/* ---- binding, counts ----------------------------------------------------------- */
+
+#define CFG_STRINGS(X)                                                                 \
+    X(str_getattribute, "__getattribute__") X(str_config, "_config")                  \
+    X(str_unset, "_UNSET_SENTINEL") X(str_immutable, "_IMMUTABLE_CONFIG_TYPES")        \
+    X(str_hide, "hide") X(str_deprecated, "deprecated")                                \
+    X(str_warned, "_deprecation_warned") X(str_alias, "alias")                         \
+    X(str_force, "env_value_force") X(str_user_override, "user_override")              \
+    X(str_env_default, "env_value_default") X(str_justknob, "justknob")                \
+    X(str_default, "default")
+
+static const char *const method_names[RT_CFGM_N] = {
+    [RT_CFGM_GETATTR] = "__getattr__",
+    [RT_CFGM_WARN] = "_warn_if_deprecated",
+    [RT_CFGM_ALIAS_VAL] = "_get_alias_val",
+    [RT_CFGM_ALIAS_NAME] = "_get_alias_module_and_name",
+};
+
+int
+rt_config_reader_traverse(rt_config_reader *r, visitproc visit, void *arg)
+{
+    Py_VISIT(r->config_module);
+    Py_VISIT(r->globals);
+#define VISIT(f, text) Py_VISIT(r->f);
+    CFG_STRINGS(VISIT)
+#undef VISIT
+    for (int m = 0; m < RT_CFGM_N; m++) {
+        Py_VISIT(r->method_names[m]);
+        Py_VISIT(r->methods[m]);
+    }
+    for (int i = 0; i < RT_CFG_TYPES; i++) {
+        Py_VISIT(r->verified[i]);
+    }
+    return 0;
+}
+
+void
+rt_config_reader_clear(rt_config_reader *r)
+{
+    Py_CLEAR(r->config_module);
+    Py_CLEAR(r->globals);
+#define CLEAR(f, text) Py_CLEAR(r->f);
+    CFG_STRINGS(CLEAR)
+#undef CLEAR
+    for (int m = 0; m < RT_CFGM_N; m++) {
+        Py_CLEAR(r->method_names[m]);
+        Py_CLEAR(r->methods[m]);
+    }
+    for (int i = 0; i < RT_CFG_TYPES; i++) {
+        Py_CLEAR(r->verified[i]);
+        r->verified_tag[i] = 0;
+    }
+}
+
+PyObject *
+rt_bind_config_read(PyObject *module, PyObject *config_module)
+{
+    rt_state *st = PyModule_GetState(module);
+    rt_config_reader *r = &st->config_reader;
+    if (!PyType_Check(config_module) ||
+        !PyType_IsSubtype((PyTypeObject *)config_module, &PyModule_Type)) {
+        PyErr_SetString(PyExc_TypeError, "_bind_config_read: ConfigModule, a ModuleType");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)config_module;
+    PyObject *module_name = PyObject_GetAttrString(config_module, "__module__");
+    PyObject *home = module_name ? PyImport_GetModule(module_name) : NULL;
+    if (home == NULL && module_name != NULL && !PyErr_Occurred()) {
+        PyErr_Format(PyExc_ValueError, "_bind_config_read: %R is not imported", module_name);
+    }
+    Py_XDECREF(module_name);
+    if (home == NULL) {
+        return NULL;
+    }
+    rt_config_reader_clear(r);
+    r->globals = Py_NewRef(PyModule_GetDict(home));
+    Py_DECREF(home);
+#define INTERN(f, text)                               \
+    if ((r->f = PyUnicode_InternFromString(text)) == NULL) { \
+        goto error;                                   \
+    }
+    CFG_STRINGS(INTERN)
+#undef INTERN
+    for (int m = 0; m < RT_CFGM_N; m++) {
+        r->method_names[m] = PyUnicode_InternFromString(method_names[m]);
+        if (r->method_names[m] == NULL) {
+            goto error;
+        }
+        PyObject *fn = PyDict_GetItemWithError(cls->tp_dict, r->method_names[m]);
+        if (fn == NULL || !PyFunction_Check(fn)) {
+            if (!PyErr_Occurred()) {
+                PyErr_Format(PyExc_ValueError,
+                             "_bind_config_read: ConfigModule.%U is not a function",
+                             r->method_names[m]);
+            }
+            goto error;
+        }
+        r->methods[m] = Py_NewRef(fn);
+    }
+    /* last: a reader is in use once config_module is set */
+    r->config_module = (PyTypeObject *)Py_NewRef(config_module);
+    Py_RETURN_NONE;
+error:
+    rt_config_reader_clear(r);
+    return NULL;
+}
+
+/* _C._config_read(config, name): what the layers' reads return (the tests'
+ * entry: a read of each setting, C against Python's) */
+PyObject *
+rt_config_read_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyUnicode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "_config_read(config, name): name a str");
+        return NULL;
+    }
+    return rt_config_read(PyModule_GetState(module), args[0], args[1]);
+}
+
+static const char *const count_names[RT_CFG_N] = {
+    [RT_CFG_C] = "in C",
+    [RT_CFG_UPSTREAM] = "upstream's",
+};
+
+PyObject *
+rt_config_read_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    rt_config_reader *r = &((rt_state *)PyModule_GetState(module))->config_reader;
+    return rt_counts_dict("_config_read_stats", args, nargs, count_names, r->counts, RT_CFG_N);
+}
