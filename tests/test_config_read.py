@@ -265,3 +265,22 @@ def test_release_field_pins_upstream():
     _C._config_read(torch._dynamo.config, "verbose")
     after = _counts()
     assert after["in C"] - before["in C"] == (1 if BOUND else 0)
+
+
+def test_reference_counts_flat_over_many_reads(own_config):
+    """Neither path keeps or drops a reference: the stored values' counts
+    are the same after many reads, in C and Python's."""
+    marker = object()
+    with config_module.ConfigModule.patch(own_config, items=[marker]):
+        stored = _C._config_read(own_config, "items")
+        objects = [stored, own_config._config["flag"], own_config._config["items"],
+                   own_config._config["old"]]
+        before = [sys.getrefcount(o) for o in objects]
+        for _ in range(1000):
+            for name in ("flag", "items", "old", "missing", "aliased"):
+                try:
+                    _C._config_read(own_config, name)
+                except AttributeError:
+                    pass
+        after = [sys.getrefcount(o) for o in objects]
+    assert after == before, (before, after)
