@@ -43,7 +43,7 @@ def test_211_entry_differs_from_212_where_its_source_does():
         "series", "opaque_base", "per_call_layers_mirrored", "prologue_range_exited_on_error",
         "compiled_function_factory", "original_view_tracking_sets_on_enter",
         "backward_runs_in_tls_context", "surviving_grad_attr", "tangent_error_context",
-        "downgrade_keeps_grad_enabled_mutation",
+        "downgrade_keeps_grad_enabled_mutation", "config_read_mirrored",
     }, differ
     # alike on both, unlike 2.13's generated wrapper
     assert REL_211.bump_from_generator and REL_212.bump_from_generator
