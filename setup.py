@@ -129,8 +129,11 @@ def cpp_part():
     lib = os.path.join(root, "lib")
     ext = Extension(
         "torch_aot_rt." + ident,
-        sources=listdir(os.path.join("csrc", "cpp"), ".cpp"),
-        depends=listdir(os.path.join("csrc", "cpp"), ".h") + ["csrc/torch_cpp_api.h"],
+        # one translation unit (csrc/cpp/unity.cpp includes the others):
+        # torch's headers parsed once, not once per file
+        sources=[os.path.join("csrc", "cpp", "unity.cpp")],
+        depends=[f for f in listdir(os.path.join("csrc", "cpp"), (".cpp", ".h"))
+                 if not f.endswith("unity.cpp")] + ["csrc/torch_cpp_api.h"],
         language="c++",
         # torch's headers as system headers: -Wall -Wextra applies to ours only
         extra_compile_args=[

@@ -349,6 +349,19 @@ def test_cpp_series(monkeypatch):
     assert _cpp.headers_unsupported(None).startswith("a torch of unknown series is not supported")
 
 
+def test_cpp_part_is_one_unit_of_every_file():
+    """setup.py compiles csrc/cpp/unity.cpp, which includes every other .cpp
+    of the folder exactly once (a file left out would be dead code, or a
+    link error far from its cause)."""
+    import re
+
+    folder = os.path.join(ROOT, "csrc", "cpp")
+    with open(os.path.join(folder, "unity.cpp")) as f:
+        included = re.findall(r'^#include "([^"]+)"', f.read(), re.MULTILINE)
+    files = sorted(n for n in os.listdir(folder) if n.endswith(".cpp") and n != "unity.cpp")
+    assert sorted(included) == files and len(set(included)) == len(included), included
+
+
 def test_node_ownership_spelled_in_one_place():
     """Who owns a torch::autograd::Node (c10::intrusive_ptr from torch 2.13,
     std::shared_ptr on 2.11/2.12) is written in csrc/cpp/node_ptr.h only;
