@@ -77,8 +77,11 @@ _pip_install() {
     for attempt in 1 2 3; do
         rc=0
         # The local index prints one "Location ... is ignored" line per package: noise.
+        # --no-compile: no byte-compiling of the 6,000-odd .py files of a CUDA
+        # torch and its packages at install (about 30 s of CPU each); Python
+        # writes the .pyc of what is imported, atomically, on first import.
         PIP_CONSTRAINT=/dev/null "$PY" -m pip install --disable-pip-version-check -q \
-            --retries 10 --timeout 60 "$@" 2>&1 \
+            --no-compile --retries 10 --timeout 60 "$@" 2>&1 \
             | { grep -v "^WARNING: Location '.*' is ignored" || true; } || rc=$?
         if [ "$rc" -eq 0 ]; then return 0; fi
         if [ "$attempt" -lt 3 ]; then
