@@ -273,6 +273,7 @@ def test_changed_mirrored_code_closes_the_gate():
 
 
 @pytest.mark.needs_c  # the active path's counterpart of the tests above
+@pytest.mark.cpp_independent  # torch's attributes replaced: the C++ part replaces none
 def test_active_import_replaces_exactly_ours():
     """Where the gate is open, the import replaces what the installer lists
     (the control for the snapshot above: it does see replacements). What it

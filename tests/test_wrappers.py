@@ -1078,6 +1078,7 @@ def _wrapper_sources(trace_dir) -> list:
 
 
 @pytest.mark.needs_c
+@pytest.mark.cpp_independent  # the wrappers' trace sources: none from the C++ part
 def test_trace_artifacts_are_upstreams(tmp_path):
     import os
     import subprocess
