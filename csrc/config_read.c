@@ -35,17 +35,14 @@
 #include "fn_object.h"
 #include "torch_api.h"
 
-/* The first class of tp's MRO before ModuleType whose __dict__ holds key
- * (borrowed), NULL with none (or an error set). */
+/* The first class of tp's MRO (a tuple: checked by class_reaches_getattr)
+ * before ModuleType whose __dict__ holds key (borrowed), NULL with none (or
+ * an error set, *error 1). */
 static PyObject *
 mro_lookup(PyTypeObject *tp, PyObject *key, int *error)
 {
     PyObject *mro = tp->tp_mro;
     *error = 0;
-    if (mro == NULL || !PyTuple_Check(mro)) {
-        *error = 1;
-        return NULL;
-    }
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
         PyTypeObject *c = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
         if (c == &PyModule_Type) {
@@ -65,8 +62,9 @@ mro_lookup(PyTypeObject *tp, PyObject *key, int *error)
 static int
 class_reaches_getattr(rt_config_reader *r, PyTypeObject *tp, PyObject *name)
 {
-    if (!PyType_IsSubtype(tp, r->config_module)) {
-        return 0;
+    if (tp->tp_mro == NULL || !PyTuple_Check(tp->tp_mro) ||
+        !PyType_IsSubtype(tp, r->config_module)) {
+        return 0; /* not a ready class of ours: Python's read */
     }
     PyObject *plain[] = {name, r->str_getattribute, r->str_config};
     for (size_t i = 0; i < sizeof(plain) / sizeof(plain[0]); i++) {
