@@ -681,6 +681,74 @@ rt_context_exit(rt_state *st, PyObject *cm, int failed)
     return rc;
 }
 
+/* ---- compile_wrapper's dispatch keys and jit tracing ------------------- */
+
+int
+rt_dispatch_keys_read(rt_state *st, PyObject *include_set, PyObject *exclude_set,
+                      rt_dispatch_keys *k)
+{
+    k->cpp = st->cpp;
+    k->include = k->exclude = k->guard = NULL;
+    if (k->cpp != NULL) {
+        k->cpp->dispatch_tls_get(k->keys);
+        return 0;
+    }
+    k->include = PyObject_CallNoArgs(include_set);
+    k->exclude = k->include != NULL ? PyObject_CallNoArgs(exclude_set) : NULL;
+    return k->exclude != NULL ? 0 : -1;
+}
+
+int
+rt_dispatch_keys_enter(rt_state *st, PyObject *force_guard, rt_dispatch_keys *k)
+{
+    if (k->cpp != NULL) {
+        return 0; /* forcing the sets read above changes nothing */
+    }
+    PyObject *args[2] = {k->include, k->exclude};
+    k->guard = PyObject_Vectorcall(force_guard, args, 2, NULL);
+    if (k->guard == NULL) {
+        return -1;
+    }
+    if (rt_context_enter(st, k->guard) < 0) {
+        Py_CLEAR(k->guard);
+        return -1;
+    }
+    return 0;
+}
+
+int
+rt_dispatch_keys_exit(rt_state *st, rt_dispatch_keys *k, int failed)
+{
+    if (k->cpp != NULL) {
+        k->cpp->dispatch_tls_force(k->keys);
+        return 0;
+    }
+    return rt_context_exit(st, k->guard, failed);
+}
+
+void
+rt_dispatch_keys_clear(rt_dispatch_keys *k)
+{
+    Py_CLEAR(k->include);
+    Py_CLEAR(k->exclude);
+    Py_CLEAR(k->guard);
+}
+
+int
+rt_jit_tracing(rt_state *st, PyObject *is_tracing)
+{
+    if (st->cpp != NULL) {
+        return st->cpp->jit_tracing();
+    }
+    PyObject *r = PyObject_CallNoArgs(is_tracing);
+    if (r == NULL) {
+        return -1;
+    }
+    int tracing = r != Py_False; /* the binding returns a bool */
+    Py_DECREF(r);
+    return tracing;
+}
+
 void
 rt_finally_begin(rt_pending_error *saved)
 {

@@ -374,6 +374,29 @@ int rt_saved_hooks_restore(rt_state *st, PyObject *previous);
 int rt_context_enter(rt_state *st, PyObject *cm);
 int rt_context_exit(rt_state *st, PyObject *cm, int failed);
 
+/* Dynamo's compile_wrapper around its call of fn (csrc/dynamo/), each
+ * through the C++ part when it is loaded, else the Python binding given. */
+
+/* 2.13's local dispatch key sets: read before the eval-frame callback is
+ * set (torch._C._dispatch_tls_local_include_set() / _exclude_set()), then
+ * `with torch._C._ForceDispatchKeyGuard(include, exclude):` around the call.
+ * The guard forces the sets just read (no change) and restores them at
+ * exit; with the C++ part that is the read and a force at exit. */
+typedef struct {
+    const rt_cpp_api *cpp;
+    PyObject *include, *exclude, *guard; /* Python's route */
+    uint64_t keys[2];
+} rt_dispatch_keys;
+int rt_dispatch_keys_read(rt_state *st, PyObject *include_set, PyObject *exclude_set,
+                          rt_dispatch_keys *k);
+int rt_dispatch_keys_enter(rt_state *st, PyObject *force_guard, rt_dispatch_keys *k);
+/* after a successful enter; keeps a pending exception (failed) */
+int rt_dispatch_keys_exit(rt_state *st, rt_dispatch_keys *k, int failed);
+void rt_dispatch_keys_clear(rt_dispatch_keys *k);
+
+/* torch._C._is_tracing() (is_tracing, that binding): 1, 0, or -1 */
+int rt_jit_tracing(rt_state *st, PyObject *is_tracing);
+
 /* Cleanup that runs while an exception may be pending (a `finally:`):
  * rt_finally_begin stashes it; rt_finally_end puts it back, or, when the
  * cleanup itself raised, keeps the new one with the old as __context__,

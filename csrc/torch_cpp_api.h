@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define RT_CPP_API_VERSION 6
+#define RT_CPP_API_VERSION 7
 #define RT_CPP_CAPSULE_NAME "torch_aot_rt._torch_cpp.api"
 
 typedef struct rt_cpp_api {
@@ -115,6 +115,19 @@ typedef struct rt_cpp_api {
      * upstream's error) and patch_requires_grad; *out a new reference. */
     int (*epi_view_replay)(PyObject *sequence_capsule, PyObject *base, PyObject *target,
                            int requires_grad, PyObject **out);
+
+    /* Dynamo's compile_wrapper (csrc/dynamo/compile_wrapper.c): what the
+     * pybind11 bindings it calls on every call do, none of them handed to a
+     * TorchFunctionMode. (The functorch layer depth stays the bindings':
+     * the wheel's ATen/functorch headers need nlohmann/json, not shipped.) */
+    /* torch._C._dispatch_tls_local_include_set() and _exclude_set(): the
+     * local dispatch key sets, as raw key-set words {included, excluded} */
+    void (*dispatch_tls_get)(uint64_t keys[2]);
+    /* what leaving torch._C._ForceDispatchKeyGuard does: the local sets
+     * forced back to keys (from dispatch_tls_get) */
+    void (*dispatch_tls_force)(const uint64_t keys[2]);
+    /* torch._C._is_tracing(): torch.jit tracing is on */
+    int (*jit_tracing)(void);
 
     /* 1 when the node's grad_fn has _input_grad_buffers / input_grad_buffers
      * (built against torch headers with get_current_input_grad_buffers,

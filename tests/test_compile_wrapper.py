@@ -258,6 +258,48 @@ def test_exception_inside_the_graph():
     assert r[1] and "value" not in r[0], r
 
 
+@pytest.mark.parametrize("raises", [False, True], ids=["returns", "raises"])
+def test_dispatch_keys_set_inside_are_restored(raises):
+    """Code the compiled function runs outside its graph leaves a key in the
+    local dispatch exclude set (and then raises, or not): compile_wrapper
+    puts the sets back as they were before the call (2.13: leaving its
+    _ForceDispatchKeyGuard; 2.14 on: _dynamo_restore_local_dispatch_key_set),
+    with the C++ part a direct force of the saved sets."""
+    key = torch._C.DispatchKey.AutocastCPU
+
+    @torch.compiler.disable
+    def leak(x):
+        torch._C._dispatch_tls_set_dispatch_key_excluded(key, True)
+        if raises:
+            raise ValueError("after the leak")
+        return x
+
+    def h(x):
+        return leak(x.sin()).cos()
+
+    def program():
+        g = torch.compile(h, backend="aot_eager")
+        x = torch.randn(4)
+        seen = []
+        try:
+            # the compiling call is not compared: what it leaves depends on
+            # what this process compiled before (a first compile of h keeps
+            # the key, upstream's as well; one after a reset does not)
+            _attempt(lambda: g(x))
+            torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+            for _ in range(3):
+                before = tls_state()
+                seen.append(_attempt(lambda: _v(g(x))))
+                seen.append((before == tls_state(),
+                             torch._C._dispatch_tls_is_dispatch_key_excluded(key)))
+        finally:
+            torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+        return seen
+
+    seen, _ = differential(program, min_c=2)
+    assert all(ok and not excluded for ok, excluded in seen[1::2]), seen
+
+
 def test_under_export_fx_and_jit():
     """A compiled function called while torch.export traces, while FX traces
     symbolically, and under torch.jit.trace: upstream's paths (export and FX

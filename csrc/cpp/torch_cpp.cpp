@@ -18,6 +18,7 @@
 #include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/frontend/tracer.h>
 
 #include <string>
 
@@ -121,6 +122,27 @@ int tensor_size_stride_equal(PyObject* x, Py_ssize_t ndim, const int64_t* sizes,
   return 1;
 }
 
+// torch._C._dispatch_tls_local_include_set / _exclude_set
+// (python_dispatch.cpp): the two DispatchKeySets of the local TLS
+void dispatch_tls_get(uint64_t keys[2]) noexcept {
+  const c10::impl::LocalDispatchKeySet local = c10::impl::tls_local_dispatch_key_set();
+  keys[0] = local.included_.raw_repr();
+  keys[1] = local.excluded_.raw_repr();
+}
+
+// ~ForceDispatchKeyGuard: _force_tls_local_dispatch_key_set(saved)
+void dispatch_tls_force(const uint64_t keys[2]) noexcept {
+  c10::impl::PODLocalDispatchKeySet pod{};
+  pod.set_included(c10::DispatchKeySet::from_raw_repr(keys[0]));
+  pod.set_excluded(c10::DispatchKeySet::from_raw_repr(keys[1]));
+  c10::impl::_force_tls_local_dispatch_key_set(c10::impl::LocalDispatchKeySet(pod));
+}
+
+// torch._C._is_tracing (jit/python/init.cpp)
+int jit_tracing() noexcept {
+  return torch::jit::tracer::isTracing() ? 1 : 0;
+}
+
 const rt_cpp_api api = {
     RT_CPP_API_VERSION,
     torch_function_mode_enabled,
@@ -143,6 +165,9 @@ const rt_cpp_api api = {
     rt_epi_set_,
     rt_epi_view_sequence,
     rt_epi_view_replay,
+    dispatch_tls_get,
+    dispatch_tls_force,
+    jit_tracing,
     RT_HAS_INPUT_GRAD_BUFFERS,
 };
 

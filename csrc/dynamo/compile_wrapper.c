@@ -42,7 +42,11 @@
  *
  * The helpers are Python functions of eval_frame (and the enter hook of
  * torch.compile's context, which bumps the generation count that nn.Module
- * construction is tagged with); the rest calls into torch's C.
+ * construction is tagged with); the rest calls into torch's C. With the
+ * C++ part loaded, 2.13's dispatch key sets and their guard and
+ * torch._C._is_tracing() are torch's C++ called directly
+ * (torch_api.h); 2.14's save/restore of the key sets stays the bindings,
+ * whose stack lives inside torch.
  *
  * A CompileWrapper replaces a compile_wrapper (made when the function or
  * module is compiled with the C runtime on; _compile_wrapper.py). Per call
@@ -236,13 +240,8 @@ steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
                                      : global_truthy(cw->fx_globals, cw->str_fx_flag)) != 0) {
         return v < 0 ? -1 : RT_CW_STATE;
     }
-    PyObject *jit = PyObject_CallNoArgs(cw->is_jit_tracing);
-    if (jit == NULL) {
-        return -1;
-    }
-    Py_DECREF(jit);
-    if (jit != Py_False) {
-        return RT_CW_STATE;
+    if ((v = rt_jit_tracing(self->st, cw->is_jit_tracing)) != 0) {
+        return v < 0 ? -1 : RT_CW_STATE;
     }
     /* self.enter_exit_hooks is [call_on_enter] over OptimizeContext's
      * on_enter (install_generation_tagging_init), after its first run */
@@ -463,7 +462,9 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
 {
     PyObject *const *g = cw->expected;
     PyObject *prior_skip = NULL, *prior_id = NULL, *prior_eog = NULL, *depth = NULL;
-    PyObject *include = NULL, *exclude = NULL, *guard = NULL, *result = NULL;
+    PyObject *result = NULL;
+    rt_dispatch_keys keys = {NULL, NULL, NULL, NULL, {0, 0}};
+    int keys_entered = 0;
 
     /* cleanups = [enter() for enter in self.enter_exit_hooks]: on_enter ->
      * install_generation_tagging_init(): GenerationTracker.generation += 1 */
@@ -525,23 +526,19 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
     if (depth == NULL) {
         goto done;
     }
-    if (cw->save_keys == NULL) { /* 2.13 */
-        include = PyObject_CallNoArgs(cw->include_set);
-        exclude = include ? PyObject_CallNoArgs(cw->exclude_set) : NULL;
-        if (exclude == NULL) {
-            goto done;
-        }
+    if (cw->save_keys == NULL && /* 2.13 */
+        rt_dispatch_keys_read(self->st, cw->include_set, cw->exclude_set, &keys) < 0) {
+        goto done;
     }
     /* _maybe_set_eval_frame(_callback_from_stance(callback)) */
     if (do1(g[RT_CWG_MAYBE_SET_EVAL_FRAME], c->callback) < 0) {
         goto done;
     }
     if (cw->save_keys == NULL) {
-        PyObject *args[2] = {include, exclude};
-        guard = PyObject_Vectorcall(cw->force_guard, args, 2, NULL);
-        if (guard == NULL || rt_context_enter(self->st, guard) < 0) {
+        if (rt_dispatch_keys_enter(self->st, cw->force_guard, &keys) < 0) {
             goto done;
         }
+        keys_entered = 1;
     }
     else {
         PyObject *r = PyObject_CallNoArgs(cw->save_keys);
@@ -603,9 +600,9 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
             Py_CLEAR(result);
         }
     }
-    if (guard != NULL) {
+    if (keys_entered) {
         /* the with statement's exit, with the exception leaving its body */
-        if (rt_context_exit(self->st, guard, result == NULL) < 0) {
+        if (rt_dispatch_keys_exit(self->st, &keys, result == NULL) < 0) {
             Py_CLEAR(result);
         }
     }
@@ -624,9 +621,7 @@ done:
     Py_XDECREF(prior_id);
     Py_XDECREF(prior_eog);
     Py_XDECREF(depth);
-    Py_XDECREF(include);
-    Py_XDECREF(exclude);
-    Py_XDECREF(guard);
+    rt_dispatch_keys_clear(&keys);
     return result;
 }
 
