@@ -300,6 +300,39 @@ def test_dispatch_keys_set_inside_are_restored(raises):
     assert all(ok and not excluded for ok, excluded in seen[1::2]), seen
 
 
+def test_helper_replaced_between_calls(monkeypatch):
+    """An eval_frame helper replaced after calls ran in C (the globals were
+    checked and found bound): the next call notices and is upstream's, which
+    calls the replacement; put back, calls are C again."""
+    import torch._dynamo.eval_frame as eval_frame
+
+    if not _in_c():
+        pytest.skip("torch.compile returns upstream's function on this release")
+    original = eval_frame._maybe_set_eval_frame
+    seen = []
+
+    def spy(callback):
+        seen.append(callback)
+        return original(callback)
+
+    torch._dynamo.reset()
+    with D.runtime(True):
+        g = torch.compile(f, backend="aot_eager")
+        x, w = torch.randn(3, 4), torch.randn(3, 4)
+        ref = g(x, w)
+        before = _counts()
+        g(x, w)
+        monkeypatch.setattr(eval_frame, "_maybe_set_eval_frame", spy)
+        out = g(x, w)
+        monkeypatch.undo()
+        g(x, w)
+        after = _counts()
+    delta = {k: v - before[k] for k, v in after.items() if v != before[k]}
+    assert torch.equal(out, ref)
+    assert delta == {C_CALL: 2, "upstream calls: eval_frame helpers replaced": 1}, delta
+    assert len(seen) >= 1, seen
+
+
 def test_under_export_fx_and_jit():
     """A compiled function called while torch.export traces, while FX traces
     symbolically, and under torch.jit.trace: upstream's paths (export and FX

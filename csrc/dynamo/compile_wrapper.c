@@ -61,6 +61,7 @@
  * for the wrapper (the compiler errors it re-raises included).
  * ====================================================================== */
 #include "dynamo/compile_wrapper.h"
+#include "dict_version.h"
 #include "dynamo/dynamo.h"
 #include "fn_object.h"
 
@@ -164,11 +165,14 @@ steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
         PyCell_GET(self->cells[CELL_JIT]) != cw->is_jit_tracing) {
         return RT_CW_REPLACED;
     }
-    for (int g = 0; g < RT_CWG_N; g++) {
-        PyObject *v = PyDict_GetItemWithError(cw->globals, cw->names[g]);
-        if (v != cw->expected[g]) {
-            return v == NULL && PyErr_Occurred() ? -1 : RT_CW_REPLACED;
+    if (!rt_dict_unchanged(cw->globals, cw->globals_verified)) {
+        for (int g = 0; g < RT_CWG_N; g++) {
+            PyObject *v = PyDict_GetItemWithError(cw->globals, cw->names[g]);
+            if (v != cw->expected[g]) {
+                return v == NULL && PyErr_Occurred() ? -1 : RT_CW_REPLACED;
+            }
         }
+        cw->globals_verified = rt_dict_version(cw->globals);
     }
     /* _callback_from_stance(callback) is callback: the default stance, no
      * backend forced */
@@ -893,6 +897,7 @@ rt_cw_clear(rt_cw_state *cw)
         Py_CLEAR(cw->names[g]);
         Py_CLEAR(cw->expected[g]);
     }
+    cw->globals_verified = 0;
 }
 
 /* the eval_frame globals, by rt_cw_global */

@@ -52,6 +52,7 @@ typedef struct {
     PyObject *globals;            /* torch._dynamo.eval_frame.__dict__ */
     PyObject *names[RT_CWG_N];    /* interned global names */
     PyObject *expected[RT_CWG_N]; /* the objects bound under them */
+    uint64_t globals_verified;    /* globals' version where they all were (dict_version.h) */
     PyObject *stance;             /* the DynamoStance class: _stance's type */
     PyObject *guards_globals;     /* torch._guards.__dict__ (its _TLS) */
     PyObject *compiler_globals;   /* torch.compiler.__dict__ (_is_exporting_flag) */

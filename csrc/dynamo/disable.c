@@ -34,6 +34,7 @@
  * upstream's object.
  * ====================================================================== */
 #include "dynamo/disable.h"
+#include "dict_version.h"
 #include "dynamo/dynamo.h"
 
 #include "fn_object.h"
@@ -79,15 +80,18 @@ rt_disable_fast_path(rt_disable_state *ds, PyObject *ctx_cell, PyObject *fn)
     PyObject *g = ds->eval_frame_globals;
     int ok;
     /* eval_frame's helpers, as _fn and _callback_from_stance look them up */
+    if (!rt_dict_unchanged(g, ds->eval_frame_verified)) {
 #define EXPECT(name, value)                                 \
     if ((ok = global_is(g, ds->name, value)) <= 0) {        \
         return ok < 0 ? -1 : RT_DISABLE_CALL_REPLACED;      \
     }
-    EXPECT(str_set_eval_frame, ds->set_eval_frame)
-    EXPECT(str_maybe_set_eval_frame, ds->set_eval_frame)
-    EXPECT(str_callback_from_stance, ds->callback_from_stance)
-    EXPECT(str_torch, ds->torch)
+        EXPECT(str_set_eval_frame, ds->set_eval_frame)
+        EXPECT(str_maybe_set_eval_frame, ds->set_eval_frame)
+        EXPECT(str_callback_from_stance, ds->callback_from_stance)
+        EXPECT(str_torch, ds->torch)
 #undef EXPECT
+        ds->eval_frame_verified = rt_dict_version(g);
+    }
     /* _callback_from_stance(self.callback) is None */
     PyObject *ctx = PyCell_GET(ctx_cell);
     if (ctx == NULL || !Py_IS_TYPE(ctx, (PyTypeObject *)ds->DisableContext)) {
@@ -116,19 +120,30 @@ rt_disable_fast_path(rt_disable_state *ds, PyObject *ctx_cell, PyObject *fn)
         return RT_DISABLE_CALL_STANCE;
     }
     /* torch.compiler.is_exporting() is False */
-    PyObject *compiler = PyObject_GetAttr(ds->torch, ds->str_compiler);
-    if (compiler == NULL) {
-        return -1;
+    PyObject *torch_dict = PyModule_GetDict(ds->torch); /* borrowed */
+    if (!rt_dict_unchanged(torch_dict, ds->torch_verified)) {
+        PyObject *compiler = PyObject_GetAttr(ds->torch, ds->str_compiler);
+        if (compiler == NULL) {
+            return -1;
+        }
+        Py_DECREF(compiler);
+        if (compiler != ds->compiler) {
+            return RT_DISABLE_CALL_REPLACED;
+        }
+        /* a module's attribute is its dict's entry unless its type says
+         * otherwise: remembered only for the plain module type */
+        if (Py_IS_TYPE(ds->torch, &PyModule_Type)) {
+            ds->torch_verified = rt_dict_version(torch_dict);
+        }
     }
-    Py_DECREF(compiler);
-    if (compiler != ds->compiler) {
-        return RT_DISABLE_CALL_REPLACED;
-    }
-    if ((ok = global_is(ds->compiler_globals, ds->str_is_exporting, ds->is_exporting)) <= 0) {
-        return ok < 0 ? -1 : RT_DISABLE_CALL_REPLACED;
-    }
-    if ((ok = global_is(ds->compiler_globals, ds->str_is_exporting_flag, Py_False)) <= 0) {
-        return ok < 0 ? -1 : RT_DISABLE_CALL_EXPORTING;
+    if (!rt_dict_unchanged(ds->compiler_globals, ds->compiler_verified)) {
+        if ((ok = global_is(ds->compiler_globals, ds->str_is_exporting, ds->is_exporting)) <= 0) {
+            return ok < 0 ? -1 : RT_DISABLE_CALL_REPLACED;
+        }
+        if ((ok = global_is(ds->compiler_globals, ds->str_is_exporting_flag, Py_False)) <= 0) {
+            return ok < 0 ? -1 : RT_DISABLE_CALL_EXPORTING;
+        }
+        ds->compiler_verified = rt_dict_version(ds->compiler_globals);
     }
     /* 2.13 reads getattr(fn, "__name__", type(fn).__name__) first: only a
      * look-up that runs no code can be skipped */
@@ -395,6 +410,7 @@ rt_disable_clear(rt_disable_state *ds)
 #define CLEAR(f) Py_CLEAR(ds->f);
     DISABLE_OBJECTS(CLEAR)
 #undef CLEAR
+    ds->eval_frame_verified = ds->compiler_verified = ds->torch_verified = 0;
 }
 
 PyObject *

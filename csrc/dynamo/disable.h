@@ -52,6 +52,10 @@ typedef struct {
     PyObject *str_set_eval_frame, *str_maybe_set_eval_frame, *str_callback_from_stance;
     PyObject *str_torch, *str_compiler, *str_is_exporting, *str_is_exporting_flag;
     PyObject *str_name;
+    /* the versions (dict_version.h) of eval_frame's globals where its
+     * helpers were the ones bound, and of torch.compiler's and torch's
+     * where is_exporting was bound, False, and torch.compiler bound */
+    uint64_t eval_frame_verified, compiler_verified, torch_verified;
     Py_ssize_t counts[RT_DISABLE_N];
 } rt_disable_state;
 
