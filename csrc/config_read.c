@@ -32,6 +32,7 @@
  * read). Else Python's read. */
 #include "config_read.h"
 
+#include "dict_version.h"
 #include "fn_object.h"
 #include "torch_api.h"
 
@@ -119,20 +120,94 @@ verified_class(rt_config_reader *r, PyTypeObject *tp, PyObject *name)
     return 1;
 }
 
-/* 1 with *out (a new reference) set: the value; 0: Python's read decides;
- * -1: an error reading what upstream reads the same way. */
-static int
-read_in_c(rt_config_reader *r, PyObject *config, PyObject *name, PyObject **out)
+static void
+resolved_clear(rt_config_resolved *c)
 {
-    *out = NULL;
-    if (!PyModule_Check(config)) {
-        return 0;
+    Py_CLEAR(c->config);
+    Py_CLEAR(c->name);
+    Py_CLEAR(c->tp);
+    Py_CLEAR(c->entries);
+    Py_CLEAR(c->entry);
+    Py_CLEAR(c->unset);
+    Py_CLEAR(c->immutable);
+    c->tag = 0;
+    c->mdict_version = c->entries_version = c->globals_version = 0;
+}
+
+/* The resolved read of config.name still valid (borrowed), or NULL. */
+static rt_config_resolved *
+resolved_find(rt_config_reader *r, PyObject *config, PyObject *name, PyObject *mdict)
+{
+    PyTypeObject *tp = Py_TYPE(config);
+    for (int i = 0; i < RT_CFG_READS; i++) {
+        rt_config_resolved *c = &r->resolved[i];
+        if (c->config == config && c->name == name) {
+            int valid = c->tp == tp && (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
+                        tp->tp_version_tag == c->tag &&
+                        rt_dict_unchanged(mdict, c->mdict_version) &&
+                        rt_dict_unchanged(c->entries, c->entries_version) &&
+                        rt_dict_unchanged(r->globals, c->globals_version);
+            return valid ? c : NULL;
+        }
+    }
+    return NULL;
+}
+
+/* Remembers a read resolved at these versions (nothing where one of them is
+ * unknown). */
+static void
+resolved_remember(rt_config_reader *r, PyObject *config, PyObject *name, PyObject *mdict,
+                  PyObject *entries, PyObject *entry, PyObject *unset, PyObject *immutable)
+{
+    PyTypeObject *tp = Py_TYPE(config);
+    uint64_t mv = rt_dict_version(mdict), ev = rt_dict_version(entries);
+    uint64_t gv = rt_dict_version(r->globals);
+    if (!(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) || !mv || !ev || !gv) {
+        return;
+    }
+    rt_config_resolved *c = NULL;
+    for (int i = 0; i < RT_CFG_READS && c == NULL; i++) {
+        if (r->resolved[i].config == config && r->resolved[i].name == name) {
+            c = &r->resolved[i];
+        }
+    }
+    if (c == NULL) {
+        c = &r->resolved[r->next_resolved];
+        r->next_resolved = (r->next_resolved + 1) % RT_CFG_READS;
+    }
+    resolved_clear(c);
+    c->config = Py_NewRef(config);
+    c->name = Py_NewRef(name);
+    c->tp = (PyTypeObject *)Py_NewRef(tp);
+    c->tag = tp->tp_version_tag;
+    c->mdict_version = mv;
+    c->entries_version = ev;
+    c->globals_version = gv;
+    c->entries = Py_NewRef(entries);
+    c->entry = Py_NewRef(entry);
+    c->unset = Py_NewRef(unset);
+    c->immutable = Py_NewRef(immutable);
+}
+
+/* The checks before the entry's fields: 1 with *entry, *unset and
+ * *immutable set (borrowed; valid until the next read), 0: Python's read
+ * decides; -1: an error reading what upstream reads the same way. */
+static int
+resolve(rt_config_reader *r, PyObject *config, PyObject *name, PyObject **entry,
+        PyObject **unset_out, PyObject **immutable_out)
+{
+    PyObject *mdict = PyModule_GetDict(config); /* borrowed */
+    rt_config_resolved *c = resolved_find(r, config, name, mdict);
+    if (c != NULL) {
+        *entry = c->entry;
+        *unset_out = c->unset;
+        *immutable_out = c->immutable;
+        return 1;
     }
     int ok = verified_class(r, Py_TYPE(config), name);
     if (ok <= 0) {
         return ok;
     }
-    PyObject *mdict = PyModule_GetDict(config); /* borrowed */
     PyObject *shadows[] = {name, r->method_names[RT_CFGM_GETATTR], r->method_names[RT_CFGM_WARN],
                            r->method_names[RT_CFGM_ALIAS_VAL],
                            r->method_names[RT_CFGM_ALIAS_NAME]};
@@ -150,9 +225,30 @@ read_in_c(rt_config_reader *r, PyObject *config, PyObject *name, PyObject **out)
     if (immutable == NULL) {
         return PyErr_Occurred() ? -1 : 0;
     }
-    PyObject *entry = PyDict_GetItemWithError(entries, name);
-    if (entry == NULL) {
+    PyObject *found = PyDict_GetItemWithError(entries, name);
+    if (found == NULL) {
         return PyErr_Occurred() ? -1 : 0;
+    }
+    resolved_remember(r, config, name, mdict, entries, found, unset, immutable);
+    *entry = found;
+    *unset_out = unset;
+    *immutable_out = immutable;
+    return 1;
+}
+
+/* 1 with *out (a new reference) set: the value; 0: Python's read decides;
+ * -1: an error reading what upstream reads the same way. */
+static int
+read_in_c(rt_config_reader *r, PyObject *config, PyObject *name, PyObject **out)
+{
+    *out = NULL;
+    if (!PyModule_Check(config)) {
+        return 0;
+    }
+    PyObject *entry, *unset, *immutable;
+    int ok = resolve(r, config, name, &entry, &unset, &immutable);
+    if (ok <= 0) {
+        return ok;
     }
     Py_INCREF(entry); /* the entries dict may change under the reads below */
     Py_INCREF(unset);
@@ -295,6 +391,16 @@ rt_config_reader_traverse(rt_config_reader *r, visitproc visit, void *arg)
     for (int i = 0; i < RT_CFG_TYPES; i++) {
         Py_VISIT(r->verified[i]);
     }
+    for (int i = 0; i < RT_CFG_READS; i++) {
+        rt_config_resolved *c = &r->resolved[i];
+        Py_VISIT(c->config);
+        Py_VISIT(c->name);
+        Py_VISIT(c->tp);
+        Py_VISIT(c->entries);
+        Py_VISIT(c->entry);
+        Py_VISIT(c->unset);
+        Py_VISIT(c->immutable);
+    }
     return 0;
 }
 
@@ -314,6 +420,10 @@ rt_config_reader_clear(rt_config_reader *r)
         Py_CLEAR(r->verified[i]);
         r->verified_tag[i] = 0;
     }
+    for (int i = 0; i < RT_CFG_READS; i++) {
+        resolved_clear(&r->resolved[i]);
+    }
+    r->next_resolved = 0;
 }
 
 PyObject *

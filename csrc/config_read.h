@@ -28,6 +28,20 @@ enum rt_config_method {
 };
 
 #define RT_CFG_TYPES 4 /* config module classes verified, by type version */
+#define RT_CFG_READS 8 /* settings resolved to their entry, by dict versions */
+
+/* A setting whose read was resolved to its _ConfigEntry: valid while the
+ * module's class is at the same type version and the module's __dict__, its
+ * _config dict and _config_module's globals at the same dict versions
+ * (dict_version.h), when every check before the entry's fields passes again
+ * unchanged. The fields themselves are read every time. */
+typedef struct {
+    PyObject *config, *name;        /* the module and the (interned) name */
+    PyTypeObject *tp;
+    unsigned int tag;
+    uint64_t mdict_version, entries_version, globals_version;
+    PyObject *entries, *entry, *unset, *immutable;
+} rt_config_resolved;
 
 typedef struct {
     PyTypeObject *config_module;          /* ConfigModule, or NULL: not bound */
@@ -41,6 +55,8 @@ typedef struct {
      * they were checked at (tp_version_tag changes when they or a base change) */
     PyTypeObject *verified[RT_CFG_TYPES];
     unsigned int verified_tag[RT_CFG_TYPES];
+    rt_config_resolved resolved[RT_CFG_READS];
+    int next_resolved;                    /* the slot a new one replaces */
     Py_ssize_t counts[RT_CFG_N];
 } rt_config_reader;
 

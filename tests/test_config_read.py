@@ -11,6 +11,7 @@ exception; and which reads C took (stats()["config_reads"]).
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import sys
@@ -217,6 +218,44 @@ def test_what_python_finds_first(own_config, monkeypatch):
     assert _same_read(own_config, "number")[2] == BOUND
 
 
+def test_changes_after_a_read_in_c(own_config):
+    """A read resolved in C and remembered, then what Python's lookup finds
+    changes: a shadow in the module's __dict__, the setting's entry replaced
+    in _config, an attribute of that name on the module's class. Each next
+    read is Python's where Python's lookup would not reach the entry read
+    before, the same value either way."""
+
+    def settle():
+        # twice: Python's own look-ups give the class its type version, so
+        # the second C read is the one remembered
+        for _ in range(2):
+            got, want, in_c = _same_read(own_config, "number")
+            assert got == want == 3 and in_c == BOUND
+
+    settle()
+    own_config.__dict__["number"] = 11
+    got, want, in_c = _same_read(own_config, "number")
+    assert got == want == 11 and not in_c
+    del own_config.__dict__["number"]
+    settle()
+    old = own_config._config["number"]
+    replaced = copy.copy(old)
+    replaced.default = 5
+    own_config._config["number"] = replaced
+    got, want, in_c = _same_read(own_config, "number")
+    assert got == want == 5 and in_c == BOUND
+    own_config._config["number"] = old
+    settle()
+    cls = type(own_config)
+    setattr(cls, "number", "on the class")
+    try:
+        got, want, in_c = _same_read(own_config, "number")
+        assert got == want == "on the class" and not in_c
+    finally:
+        delattr(cls, "number")
+    settle()
+
+
 def test_errors_reading_a_field(own_config):
     # a field whose truth raises: the same error from C as from Python
     entry = own_config._config["flag"]
@@ -268,19 +307,26 @@ def test_release_field_pins_upstream():
 
 
 def test_reference_counts_flat_over_many_reads(own_config):
-    """Neither path keeps or drops a reference: the stored values' counts
-    are the same after many reads, in C and Python's."""
+    """Neither path keeps or drops a reference per read: the stored values'
+    counts are the same after many reads as after the first of each (a read
+    resolved in C remembers its entry: one reference, taken once)."""
     marker = object()
+    names = ("flag", "items", "old", "missing", "aliased")
+
+    def read_all():
+        for name in names:
+            try:
+                _C._config_read(own_config, name)
+            except AttributeError:
+                pass
+
     with config_module.ConfigModule.patch(own_config, items=[marker]):
         stored = _C._config_read(own_config, "items")
         objects = [stored, own_config._config["flag"], own_config._config["items"],
                    own_config._config["old"]]
+        read_all()
         before = [sys.getrefcount(o) for o in objects]
         for _ in range(1000):
-            for name in ("flag", "items", "old", "missing", "aliased"):
-                try:
-                    _C._config_read(own_config, name)
-                except AttributeError:
-                    pass
+            read_all()
         after = [sys.getrefcount(o) for o in objects]
     assert after == before, (before, after)
