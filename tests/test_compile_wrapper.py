@@ -239,6 +239,48 @@ def test_dynamic_shapes():
     differential(program, min_c=1)
 
 
+@pytest.mark.parametrize("how", ["dynamic=True", "dynamic=False", "dynamic_shapes"])
+def test_config_patcher_hooks(how):
+    """dynamic= (and dynamic_shapes=) add a config patcher to the context's
+    enter hooks, entered before the call and reverted after it, also when the
+    call raises: calls in C call it as upstream does, and the settings it
+    patches read the same inside the compiled function (a graph break) and
+    after the call."""
+    cfg = torch._dynamo.config
+    watched = ("assume_static_by_default", "automatic_dynamic_shapes")
+    seen = []
+
+    @torch.compiler.disable
+    def peek(x):
+        seen.append(tuple(getattr(cfg, k) for k in watched))
+        return x
+
+    def h(x, fail):
+        y = peek(x.sin())
+        if fail:
+            raise ValueError("inside")
+        return y * 2
+
+    if how == "dynamic_shapes":
+        if "dynamic_shapes" not in inspect.signature(torch.compile).parameters:
+            pytest.skip("no dynamic_shapes= on this release")
+        kwargs = {"dynamic_shapes": {}}
+    else:
+        kwargs = {"dynamic": how == "dynamic=True"}
+
+    def program():
+        seen.clear()
+        g = torch.compile(h, backend="aot_eager", **kwargs)
+        rows = []
+        for n, fail in ((3, False), (4, False), (5, True), (6, False)):
+            rows.append(_attempt(lambda: _v(g(torch.randn(n), fail))))
+            rows.append(tuple(getattr(cfg, k) for k in watched))
+        return rows, list(seen), dict(counters["stats"])
+
+    (rows, seen_off, _), counts = differential(program, min_c=2)
+    assert rows[1::2] == [tuple(getattr(cfg, k) for k in watched)] * 4, rows
+
+
 def test_exception_inside_the_graph():
     """The compiled function raises at run time: the same exception, and the
     thread-local state as before the call."""

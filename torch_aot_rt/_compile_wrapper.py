@@ -33,6 +33,7 @@ def install(release) -> list | str:
     import torch._guards
     import torch.compiler
     import torch.fx._symbolic_trace as symbolic_trace
+    from torch.utils._config_module import ConfigModule
 
     from . import _C, _state
 
@@ -48,12 +49,17 @@ def install(release) -> list | str:
     on_enter = _nested(eval_frame.OptimizeContext.__init__.__code__, "on_enter")
     if call_on_enter is None or call_on_enter.co_freevars != ("on_enter",) or on_enter is None:
         return "the enter hook of torch.compile's context is not the verified one"
+    # dynamic= / dynamic_shapes= add config patchers to the enter hooks
+    patcher = _nested(ConfigModule._make_closure_patcher.__code__, "change")
+    if patcher is None:
+        return "ConfigModule._make_closure_patcher is not the verified one"
     keys_cpp = release.compile_wrapper_cpp_key_stack
     _C._bind_compile_wrapper(
         code=code,
         cells=tuple(CELLS.index(n) for n in CELLS),
         call_on_enter_code=call_on_enter,
         on_enter_code=on_enter,
+        patcher_code=patcher,
         eval_frame=eval_frame,
         stance_cls=eval_frame.DynamoStance,
         guards=torch._guards,

@@ -235,6 +235,8 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "get_skip_reasons",
         "_is_eager_on_nested_compile",
         "_force_eager_nested_compile",
+        # the config patcher dynamic= adds to the enter hooks (called as is)
+        "make_set_enable_dynamic",
         # csrc/dynamo/optimized_module.c
         "OptimizedModule.__call__",
         "_set_in_optimized_module",
@@ -276,6 +278,10 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_ConfigEntry",
         "_UNSET_SENTINEL",
         "_IMMUTABLE_CONFIG_TYPES",
+        # csrc/dynamo/compile_wrapper.c calls the enter hook it makes (its
+        # `change`), trusting it to touch only config overrides
+        "ConfigModule._make_closure_patcher",
+        "ConfigModule._mark_get_dict_dirty",
     )),
 )
 

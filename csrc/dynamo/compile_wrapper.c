@@ -53,7 +53,8 @@
  * it checks, before anything happens, that the state is the one it handles
  * (the default stance with no backend override, no tracing context, not
  * exporting, no FX or jit tracing, not in a nested eager region, no export,
- * torch.compile's own enter hook, the nn.Module patch installed, and every
+ * torch.compile's own enter hook and config patchers (dynamic=,
+ * dynamic_shapes=; called as upstream calls them), the nn.Module patch installed, and every
  * eval_frame global it stands in for the one bound); then it makes the same
  * calls into torch's C, in the same order, with the Python helpers done in
  * C, on every exit path as the try/finally blocks above; in any other state
@@ -73,11 +74,16 @@ typedef struct {
     PyObject *cells[5];   /* its closure cells (enum above), read per call */
 } CompileWrapper;
 
+/* The most enter hooks a call in C takes: torch.compile's own and config
+ * patchers (dynamic=, dynamic_shapes=); more is upstream's. */
+#define CW_MAX_HOOKS 4
+
 /* What one call read of the context (new references). */
 typedef struct {
     PyObject *fn, *ctx, *callback;
     int fullgraph;
     PyObject *eog;        /* self.error_on_graph_break */
+    PyObject *hooks;      /* self.enter_exit_hooks, a list checked by hooks_handled */
 } cw_call;
 
 static void
@@ -87,6 +93,54 @@ cw_call_clear(cw_call *c)
     Py_CLEAR(c->ctx);
     Py_CLEAR(c->callback);
     Py_CLEAR(c->eog);
+    Py_CLEAR(c->hooks);
+}
+
+/* h is call_on_enter over OptimizeContext's on_enter
+ * (install_generation_tagging_init): what run_body does in C */
+static int
+is_on_enter_hook(rt_cw_state *cw, PyObject *h)
+{
+    PyObject *closure = PyFunction_Check(h) ? PyFunction_GET_CLOSURE(h) : NULL;
+    if (closure == NULL || PyFunction_GET_CODE(h) != cw->call_on_enter_code ||
+        PyTuple_GET_SIZE(closure) != 1) {
+        return 0;
+    }
+    PyObject *on_enter = PyCell_GET(PyTuple_GET_ITEM(closure, 0));
+    return on_enter != NULL && PyFunction_Check(on_enter) &&
+           PyFunction_GET_CODE(on_enter) == cw->on_enter_code &&
+           PyFunction_GET_GLOBALS(on_enter) == cw->globals;
+}
+
+/* h is ConfigModule._make_closure_patcher's `change` (make_set_enable_dynamic,
+ * dynamic_shapes=): called as upstream calls it; it sets config overrides
+ * (ContextVars) and marks the config dirty, nothing the C path checked */
+static int
+is_config_patcher(rt_cw_state *cw, PyObject *h)
+{
+    return PyFunction_Check(h) && PyFunction_GET_CODE(h) == cw->patcher_code;
+}
+
+/* hooks (self.enter_exit_hooks) are the ones a call in C runs: a list of at
+ * most CW_MAX_HOOKS, torch.compile's own once (after its first run), config
+ * patchers otherwise */
+static int
+hooks_handled(rt_cw_state *cw, PyObject *hooks)
+{
+    if (!PyList_CheckExact(hooks) || PyList_GET_SIZE(hooks) > CW_MAX_HOOKS) {
+        return 0;
+    }
+    int own = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(hooks); i++) {
+        PyObject *h = PyList_GET_ITEM(hooks, i);
+        if (is_on_enter_hook(cw, h)) {
+            own++;
+        }
+        else if (!is_config_patcher(cw, h)) {
+            return 0;
+        }
+    }
+    return own == 1;
 }
 
 /* ---- the state check ------------------------------------------------------ */
@@ -247,27 +301,12 @@ steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
     if ((v = rt_jit_tracing(self->st, cw->is_jit_tracing)) != 0) {
         return v < 0 ? -1 : RT_CW_STATE;
     }
-    /* self.enter_exit_hooks is [call_on_enter] over OptimizeContext's
-     * on_enter (install_generation_tagging_init), after its first run */
-    PyObject *hooks = PyObject_GetAttr(c->ctx, cw->str_enter_exit_hooks);
-    if (hooks == NULL) {
+    /* self.enter_exit_hooks: torch.compile's own enter hook and config
+     * patchers (hooks_handled) */
+    if ((c->hooks = PyObject_GetAttr(c->ctx, cw->str_enter_exit_hooks)) == NULL) {
         return -1;
     }
-    int ok = PyList_CheckExact(hooks) && PyList_GET_SIZE(hooks) == 1;
-    if (ok) {
-        PyObject *h = PyList_GET_ITEM(hooks, 0);
-        PyObject *closure = PyFunction_Check(h) ? PyFunction_GET_CLOSURE(h) : NULL;
-        ok = closure != NULL && PyFunction_GET_CODE(h) == cw->call_on_enter_code &&
-             PyTuple_GET_SIZE(closure) == 1;
-        if (ok) {
-            PyObject *on_enter = PyCell_GET(PyTuple_GET_ITEM(closure, 0));
-            ok = on_enter != NULL && PyFunction_Check(on_enter) &&
-                 PyFunction_GET_CODE(on_enter) == cw->on_enter_code &&
-                 PyFunction_GET_GLOBALS(on_enter) == cw->globals;
-        }
-    }
-    Py_DECREF(hooks);
-    if (!ok) {
+    if (!hooks_handled(cw, c->hooks)) {
         return RT_CW_STATE;
     }
     /* install_generation_tagging_init has patched Module: through 2.14
@@ -469,18 +508,39 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
     PyObject *result = NULL;
     rt_dispatch_keys keys = {NULL, NULL, NULL, NULL, {0, 0}};
     int keys_entered = 0;
+    /* what each enter returned, in order; NULL for torch.compile's own
+     * (`nothing`, whose call does nothing) */
+    PyObject *cleanups[CW_MAX_HOOKS] = {NULL};
+    Py_ssize_t n_cleanups = 0;
 
-    /* cleanups = [enter() for enter in self.enter_exit_hooks]: on_enter ->
-     * install_generation_tagging_init(): GenerationTracker.generation += 1 */
-    PyObject *gen = PyObject_GetAttr(cw->generation_tracker, cw->str_generation);
-    PyObject *one = gen ? PyLong_FromLong(1) : NULL;
-    PyObject *next = one ? PyNumber_InPlaceAdd(gen, one) : NULL;
-    int rc = next ? PyObject_SetAttr(cw->generation_tracker, cw->str_generation, next) : -1;
-    Py_XDECREF(gen);
-    Py_XDECREF(one);
-    Py_XDECREF(next);
-    if (rc < 0) {
-        return NULL;
+    /* cleanups = [enter() for enter in self.enter_exit_hooks] */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(c->hooks) && i < CW_MAX_HOOKS; i++) {
+        PyObject *h = PyList_GET_ITEM(c->hooks, i);
+        if (is_on_enter_hook(cw, h)) {
+            /* on_enter -> install_generation_tagging_init():
+             * GenerationTracker.generation += 1 */
+            PyObject *gen = PyObject_GetAttr(cw->generation_tracker, cw->str_generation);
+            PyObject *one = gen ? PyLong_FromLong(1) : NULL;
+            PyObject *next = one ? PyNumber_InPlaceAdd(gen, one) : NULL;
+            int rc = next ? PyObject_SetAttr(cw->generation_tracker, cw->str_generation, next)
+                          : -1;
+            Py_XDECREF(gen);
+            Py_XDECREF(one);
+            Py_XDECREF(next);
+            if (rc < 0) {
+                goto done;
+            }
+            n_cleanups++;
+        }
+        else {
+            Py_INCREF(h);
+            cleanups[n_cleanups] = PyObject_CallNoArgs(h);
+            Py_DECREF(h);
+            if (cleanups[n_cleanups] == NULL) {
+                goto done;
+            }
+            n_cleanups++;
+        }
     }
     /* set_skip_guard_eval_unsafe(_is_skip_guard_eval_unsafe_stance()) */
     PyObject *stance = PyDict_GetItemWithError(cw->globals, cw->str_stance_global);
@@ -489,12 +549,12 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
         if (stance == NULL && !PyErr_Occurred()) {
             PyErr_SetString(PyExc_NameError, "name '_stance' is not defined");
         }
-        return NULL;
+        goto done;
     }
     prior_skip = call1(g[RT_CWG_SET_SKIP_GUARD], skip);
     Py_DECREF(skip);
     if (prior_skip == NULL) {
-        return NULL;
+        goto done;
     }
     PyObject *isolate = PyObject_GetAttr(c->ctx, cw->str_isolate_id);
     prior_id = isolate ? call1(g[RT_CWG_SET_ISOLATE_ID], isolate) : NULL;
@@ -599,7 +659,14 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
         ok = ok && do1(cw->pop_depth, depth) == 0;
         ok = ok && do1(g[RT_CWG_SET_SKIP_GUARD], prior_skip) == 0;
         ok = ok && do1(g[RT_CWG_SET_ISOLATE_ID], prior_id) == 0;
-        /* for cleanup in cleanups: cleanup(): `nothing` */
+        /* for cleanup in cleanups: cleanup() (torch.compile's: `nothing`) */
+        for (Py_ssize_t i = 0; ok && i < n_cleanups; i++) {
+            if (cleanups[i] != NULL) {
+                PyObject *r = PyObject_CallNoArgs(cleanups[i]);
+                ok = r != NULL;
+                Py_XDECREF(r);
+            }
+        }
         if (rt_finally_end(&saved, ok) < 0) {
             Py_CLEAR(result);
         }
@@ -626,6 +693,9 @@ done:
     Py_XDECREF(prior_eog);
     Py_XDECREF(depth);
     rt_dispatch_keys_clear(&keys);
+    for (Py_ssize_t i = 0; i < n_cleanups; i++) {
+        Py_XDECREF(cleanups[i]);
+    }
     return result;
 }
 
@@ -860,7 +930,8 @@ PyType_Spec CompileWrapper_spec = {
 /* ---- binding, counts ----------------------------------------------------------- */
 
 #define CW_OBJECTS(X)                                                          \
-    X(code) X(call_on_enter_code) X(on_enter_code) X(globals) X(stance)        \
+    X(code) X(call_on_enter_code) X(on_enter_code) X(patcher_code) X(globals)   \
+    X(stance)                                                                  \
     X(guards_globals) X(compiler_globals) X(fx_globals)                        \
     X(is_fx_symbolic_tracing) X(is_jit_tracing) X(module_cls)                  \
     X(generation_tracker) X(get_depth) X(pop_depth) X(include_set)             \
@@ -922,20 +993,23 @@ PyObject *
 rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {
-        "code", "cells", "call_on_enter_code", "on_enter_code", "eval_frame", "stance_cls",
+        "code", "cells", "call_on_enter_code", "on_enter_code", "patcher_code", "eval_frame",
+        "stance_cls",
         "guards", "compiler", "fx", "is_jit_tracing", "module_cls", "generation_tracker",
         "get_depth",
         "pop_depth", "include_set", "exclude_set", "force_guard", "save_keys",
         "restore_keys", "eager_nested", "fx_flag_tls", "tag_patch_attr", "tag_patch_present",
         "compiler_errors", "shorten_traceback", NULL};
-    PyObject *code, *cells, *coe, *oe, *eval_frame, *stance, *guards, *compiler, *fx, *jit;
+    PyObject *code, *cells, *coe, *oe, *patcher, *eval_frame, *stance, *guards, *compiler, *fx;
+    PyObject *jit;
     PyObject *module_cls, *tracker, *get_depth, *pop_depth, *include_set, *exclude_set;
     PyObject *force_guard, *save_keys, *restore_keys, *eager_nested, *fx_flag_tls, *errors;
     PyObject *shorten, *tag_patch;
     int tag_patch_present;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "$O!O!O!O!O!O!O!O!O!OO!OOOOOOOOOOUpO!O:_bind_compile_wrapper", keywords,
+            args, kwargs, "$O!O!O!O!O!O!O!O!O!O!OO!OOOOOOOOOOUpO!O:_bind_compile_wrapper", keywords,
             &PyCode_Type, &code, &PyTuple_Type, &cells, &PyCode_Type, &coe, &PyCode_Type, &oe,
+            &PyCode_Type, &patcher,
             &PyModule_Type, &eval_frame, &PyType_Type, &stance, &PyModule_Type, &guards,
             &PyModule_Type, &compiler, &PyModule_Type, &fx, &jit, &PyType_Type, &module_cls,
             &tracker, &get_depth, &pop_depth, &include_set, &exclude_set, &force_guard,
@@ -1024,6 +1098,7 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
     }
     cw->call_on_enter_code = Py_NewRef(coe);
     cw->on_enter_code = Py_NewRef(oe);
+    cw->patcher_code = Py_NewRef(patcher);
     cw->globals = Py_NewRef(globals);
     cw->stance = Py_NewRef(stance);
     cw->guards_globals = Py_NewRef(PyModule_GetDict(guards));

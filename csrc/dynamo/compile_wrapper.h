@@ -49,6 +49,7 @@ typedef struct {
     Py_ssize_t cell[5];           /* callback, fn, is_fx_symbolic_tracing, is_jit_tracing, self */
     PyObject *call_on_enter_code; /* _TorchDynamoContext.__init__'s call_on_enter */
     PyObject *on_enter_code;      /* OptimizeContext.__init__'s on_enter */
+    PyObject *patcher_code;       /* ConfigModule._make_closure_patcher's change */
     PyObject *globals;            /* torch._dynamo.eval_frame.__dict__ */
     PyObject *names[RT_CWG_N];    /* interned global names */
     PyObject *expected[RT_CWG_N]; /* the objects bound under them */
