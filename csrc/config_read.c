@@ -367,7 +367,10 @@ rt_config_read(rt_state *st, PyObject *config, PyObject *name)
     X(str_warned, "_deprecation_warned") X(str_alias, "alias")                         \
     X(str_force, "env_value_force") X(str_user_override, "user_override")              \
     X(str_env_default, "env_value_default") X(str_justknob, "justknob")                \
-    X(str_default, "default")
+    X(str_default, "default") X(str_mark_dirty, "_mark_get_dict_dirty")               \
+    X(str_dirty_keys_var, "_get_dict_dirty_keys_var")                                 \
+    X(str_dirty_cap, "_GET_DICT_DIRTY_KEYS_CAP") X(str_hash_dirty_var, "_hash_dirty_var") \
+    X(str_get, "get") X(str_set, "set") X(str_add, "add")
 
 static const char *const method_names[RT_CFGM_N] = {
     [RT_CFGM_GETATTR] = "__getattr__",
@@ -381,6 +384,8 @@ rt_config_reader_traverse(rt_config_reader *r, visitproc visit, void *arg)
 {
     Py_VISIT(r->config_module);
     Py_VISIT(r->globals);
+    Py_VISIT(r->mark_dirty);
+    Py_VISIT(r->module_getattribute);
 #define VISIT(f, text) Py_VISIT(r->f);
     CFG_STRINGS(VISIT)
 #undef VISIT
@@ -409,6 +414,8 @@ rt_config_reader_clear(rt_config_reader *r)
 {
     Py_CLEAR(r->config_module);
     Py_CLEAR(r->globals);
+    Py_CLEAR(r->mark_dirty);
+    Py_CLEAR(r->module_getattribute);
 #define CLEAR(f, text) Py_CLEAR(r->f);
     CFG_STRINGS(CLEAR)
 #undef CLEAR
@@ -471,6 +478,20 @@ rt_bind_config_read(PyObject *module, PyObject *config_module)
         }
         r->methods[m] = Py_NewRef(fn);
     }
+    /* 2.13 on: what the closure patcher's change calls per key */
+    PyObject *mark = PyDict_GetItemWithError(cls->tp_dict, r->str_mark_dirty);
+    if (mark == NULL && PyErr_Occurred()) {
+        goto error;
+    }
+    r->mark_dirty = mark != NULL && PyFunction_Check(mark) ? Py_NewRef(mark) : NULL;
+    r->module_getattribute = PyDict_GetItemWithError(PyModule_Type.tp_dict, r->str_getattribute);
+    if (r->module_getattribute == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "_bind_config_read: ModuleType.__getattribute__");
+        }
+        goto error;
+    }
+    Py_INCREF(r->module_getattribute);
     /* last: a reader is in use once config_module is set */
     r->config_module = (PyTypeObject *)Py_NewRef(config_module);
     Py_RETURN_NONE;

@@ -51,6 +51,13 @@ typedef struct {
     PyObject *str_getattribute, *str_config, *str_unset, *str_immutable;
     PyObject *str_hide, *str_deprecated, *str_warned, *str_alias, *str_force;
     PyObject *str_user_override, *str_env_default, *str_justknob, *str_default;
+    /* config_patch.c: ConfigModule._mark_get_dict_dirty (NULL where the
+     * class has none: the patcher's hooks are called) and the names the
+     * patcher's code uses */
+    PyObject *mark_dirty;
+    PyObject *module_getattribute;        /* ModuleType.__getattribute__ */
+    PyObject *str_mark_dirty, *str_dirty_keys_var, *str_dirty_cap, *str_hash_dirty_var;
+    PyObject *str_get, *str_set, *str_add;
     /* classes found to reach ConfigModule.__getattr__, at the type version
      * they were checked at (tp_version_tag changes when they or a base change) */
     PyTypeObject *verified[RT_CFG_TYPES];

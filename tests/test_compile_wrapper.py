@@ -268,17 +268,58 @@ def test_config_patcher_hooks(how):
     else:
         kwargs = {"dynamic": how == "dynamic=True"}
 
+    def dirty_state():
+        # what the patcher's change/revert mark (2.13 on): the hash and
+        # get-dict dirty flags
+        hash_var = getattr(cfg, "_hash_dirty_var", None)
+        keys_var = getattr(cfg, "_get_dict_dirty_keys_var", None)
+        keys = keys_var.get() if keys_var is not None else None
+        return (hash_var.get() if hash_var is not None else None,
+                sorted(keys) if keys is not None else None)
+
     def program():
         seen.clear()
         g = torch.compile(h, backend="aot_eager", **kwargs)
         rows = []
         for n, fail in ((3, False), (4, False), (5, True), (6, False)):
+            if hasattr(cfg, "_get_dict_dirty_keys_var"):
+                # tracking, as after a get_config_copy; the last call starts
+                # at the cap, so the patcher's key overflows it
+                full = n == 6
+                cfg._get_dict_dirty_keys_var.set({f"k{i}" for i in range(16)} if full else set())
+                cfg._hash_dirty_var.set(False)
             rows.append(_attempt(lambda: _v(g(torch.randn(n), fail))))
-            rows.append(tuple(getattr(cfg, k) for k in watched))
+            rows.append((tuple(getattr(cfg, k) for k in watched), dirty_state()))
         return rows, list(seen), dict(counters["stats"])
 
     (rows, seen_off, _), counts = differential(program, min_c=2)
-    assert rows[1::2] == [tuple(getattr(cfg, k) for k in watched)] * 4, rows
+    assert [r[0] for r in rows[1::2]] == [tuple(getattr(cfg, k) for k in watched)] * 4, rows
+
+
+def test_config_patcher_with_a_replaced_method(monkeypatch):
+    """The config module's own _mark_get_dict_dirty shadowed in its
+    __dict__: the patcher's change and revert call that one, C or not."""
+    cfg = torch._dynamo.config
+    if not hasattr(type(cfg), "_mark_get_dict_dirty"):
+        pytest.skip("no _mark_get_dict_dirty on this release")
+    calls = []
+    original = cfg._mark_get_dict_dirty
+
+    def spy(name):
+        calls.append(name)
+        return original(name)
+
+    monkeypatch.setitem(cfg.__dict__, "_mark_get_dict_dirty", spy)
+
+    def program():
+        calls.clear()
+        g = torch.compile(f, backend="aot_eager", dynamic=False)
+        x, w = torch.randn(3, 4), torch.randn(3, 4)
+        outs = [_v(g(x, w)) for _ in range(3)]
+        return outs, list(calls)
+
+    (outs, seen), _ = differential(program, min_c=2)
+    assert len(seen) >= 8, seen  # two keys, entered and reverted, per call
 
 
 def test_exception_inside_the_graph():

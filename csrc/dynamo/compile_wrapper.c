@@ -62,6 +62,7 @@
  * for the wrapper (the compiler errors it re-raises included).
  * ====================================================================== */
 #include "dynamo/compile_wrapper.h"
+#include "config_patch.h"
 #include "dict_version.h"
 #include "dynamo/dynamo.h"
 #include "fn_object.h"
@@ -113,19 +114,32 @@ is_on_enter_hook(rt_cw_state *cw, PyObject *h)
 }
 
 /* h is ConfigModule._make_closure_patcher's `change` (make_set_enable_dynamic,
- * dynamic_shapes=): called as upstream calls it; it sets config overrides
- * (ContextVars) and marks the config dirty, nothing the C path checked */
+ * dynamic_shapes=) with its closure (changes, config, self) filled, changes
+ * a dict: it sets config overrides (ContextVars) and marks the config
+ * dirty, nothing the C path checked; run by config_patch.c */
 static int
 is_config_patcher(rt_cw_state *cw, PyObject *h)
 {
-    return PyFunction_Check(h) && PyFunction_GET_CODE(h) == cw->patcher_code;
+    if (!PyFunction_Check(h) || PyFunction_GET_CODE(h) != cw->patcher_code) {
+        return 0;
+    }
+    PyObject *closure = PyFunction_GET_CLOSURE(h);
+    if (closure == NULL || PyTuple_GET_SIZE(closure) != 3) {
+        return 0;
+    }
+    for (int i = 0; i < 3; i++) {
+        if (PyCell_GET(PyTuple_GET_ITEM(closure, i)) == NULL) {
+            return 0;
+        }
+    }
+    return PyDict_CheckExact(PyCell_GET(PyTuple_GET_ITEM(closure, 0)));
 }
 
 /* hooks (self.enter_exit_hooks) are the ones a call in C runs: a list of at
  * most CW_MAX_HOOKS, torch.compile's own once (after its first run), config
  * patchers otherwise */
 static int
-hooks_handled(rt_cw_state *cw, PyObject *hooks)
+hooks_handled(rt_cw_state *cw, PyObject *hooks, int patcher_bound)
 {
     if (!PyList_CheckExact(hooks) || PyList_GET_SIZE(hooks) > CW_MAX_HOOKS) {
         return 0;
@@ -136,7 +150,7 @@ hooks_handled(rt_cw_state *cw, PyObject *hooks)
         if (is_on_enter_hook(cw, h)) {
             own++;
         }
-        else if (!is_config_patcher(cw, h)) {
+        else if (!patcher_bound || !is_config_patcher(cw, h)) {
             return 0;
         }
     }
@@ -306,7 +320,7 @@ steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
     if ((c->hooks = PyObject_GetAttr(c->ctx, cw->str_enter_exit_hooks)) == NULL) {
         return -1;
     }
-    if (!hooks_handled(cw, c->hooks)) {
+    if (!hooks_handled(cw, c->hooks, self->st->config_reader.mark_dirty != NULL)) {
         return RT_CW_STATE;
     }
     /* install_generation_tagging_init has patched Module: through 2.14
@@ -508,9 +522,9 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
     PyObject *result = NULL;
     rt_dispatch_keys keys = {NULL, NULL, NULL, NULL, {0, 0}};
     int keys_entered = 0;
-    /* what each enter returned, in order; NULL for torch.compile's own
-     * (`nothing`, whose call does nothing) */
-    PyObject *cleanups[CW_MAX_HOOKS] = {NULL};
+    /* what each enter left, in order: a patcher's revert state, or none
+     * for torch.compile's own (`nothing`, whose call does nothing) */
+    rt_config_patch cleanups[CW_MAX_HOOKS] = {{NULL, NULL, NULL}};
     Py_ssize_t n_cleanups = 0;
 
     /* cleanups = [enter() for enter in self.enter_exit_hooks] */
@@ -533,13 +547,15 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
             n_cleanups++;
         }
         else {
+            /* a config patcher's change() */
             Py_INCREF(h);
-            cleanups[n_cleanups] = PyObject_CallNoArgs(h);
+            int rc = rt_config_patch_enter(self->st, PyFunction_GET_CLOSURE(h),
+                                           &cleanups[n_cleanups]);
             Py_DECREF(h);
-            if (cleanups[n_cleanups] == NULL) {
+            n_cleanups++;
+            if (rc < 0) {
                 goto done;
             }
-            n_cleanups++;
         }
     }
     /* set_skip_guard_eval_unsafe(_is_skip_guard_eval_unsafe_stance()) */
@@ -661,10 +677,8 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
         ok = ok && do1(g[RT_CWG_SET_ISOLATE_ID], prior_id) == 0;
         /* for cleanup in cleanups: cleanup() (torch.compile's: `nothing`) */
         for (Py_ssize_t i = 0; ok && i < n_cleanups; i++) {
-            if (cleanups[i] != NULL) {
-                PyObject *r = PyObject_CallNoArgs(cleanups[i]);
-                ok = r != NULL;
-                Py_XDECREF(r);
+            if (cleanups[i].prior != NULL) {
+                ok = rt_config_patch_exit(self->st, &cleanups[i]) == 0;
             }
         }
         if (rt_finally_end(&saved, ok) < 0) {
@@ -694,7 +708,7 @@ done:
     Py_XDECREF(depth);
     rt_dispatch_keys_clear(&keys);
     for (Py_ssize_t i = 0; i < n_cleanups; i++) {
-        Py_XDECREF(cleanups[i]);
+        rt_config_patch_clear(&cleanups[i]);
     }
     return result;
 }
@@ -704,7 +718,7 @@ CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
 {
     CompileWrapper *self = (CompileWrapper *)op;
     rt_cw_state *cw = &self->st->cw;
-    cw_call c = {NULL, NULL, NULL, 0, NULL};
+    cw_call c = {NULL, NULL, NULL, 0, NULL, NULL};
     int path = steady_state(self, cw, &c);
     if (path != RT_CW_CALL_C) {
         cw_call_clear(&c);

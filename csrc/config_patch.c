@@ -1,0 +1,188 @@
+/* config_patch.c: ConfigModule._make_closure_patcher's change and revert
+ * (torch/utils/_config_module.py, 2.13 on), which compile_wrapper's enter
+ * hooks run on every call of a function compiled with dynamic= or
+ * dynamic_shapes=:
+ *
+ *     def change():
+ *         prior = {k: config[k].user_override.get() for k in changes}
+ *         for k, v in changes.items():
+ *             config[k].user_override.set(v)
+ *             self._hash_dirty_var.set(True)
+ *             self._mark_get_dict_dirty(k)
+ *         def revert():
+ *             for k, v in prior.items():
+ *                 (the same three steps, with v from prior)
+ *         return revert
+ *
+ *     def _mark_get_dict_dirty(self, name):
+ *         dirty = self._get_dict_dirty_keys_var.get()
+ *         if dirty is None:
+ *             return
+ *         dirty.add(name)
+ *         if len(dirty) > self._GET_DICT_DIRTY_KEYS_CAP:
+ *             self._get_dict_dirty_keys_var.set(None)
+ *
+ * Every step here is the object-protocol call the bytecode makes (item,
+ * attribute, method call, len, comparison), so it is exact for any object
+ * it meets; only the frames are gone. The method is mirrored where
+ * self's lookup of _mark_get_dict_dirty finds ConfigModule's function
+ * (module_getattro, the class attribute, nothing in the module's __dict__),
+ * and called otherwise. */
+#include "config_patch.h"
+
+#include "torch_api.h"
+
+/* obj.name(arg) dropped: 0 / -1 */
+static int
+call_method1(PyObject *obj, PyObject *name, PyObject *arg)
+{
+    PyObject *r = PyObject_CallMethodOneArg(obj, name, arg);
+    Py_XDECREF(r);
+    return r != NULL ? 0 : -1;
+}
+
+/* tp's attribute lookup is ModuleType's: module_getattro itself, or the
+ * __getattr__ hook (ConfigModule defines one) over ModuleType's
+ * __getattribute__, which only runs __getattr__ for a name not found */
+static int
+module_lookup(rt_config_reader *r, PyTypeObject *tp)
+{
+    return tp->tp_getattro == PyModule_Type.tp_getattro ||
+           _PyType_Lookup(tp, r->str_getattribute) == r->module_getattribute;
+}
+
+/* self._mark_get_dict_dirty(name) */
+static int
+mark_dirty(rt_config_reader *r, PyObject *self, PyObject *name)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    int mirrored = r->mark_dirty != NULL && PyModule_Check(self) && module_lookup(r, tp) &&
+                   _PyType_Lookup(tp, r->str_mark_dirty) == r->mark_dirty;
+    if (mirrored) {
+        PyObject *own = PyDict_GetItemWithError(PyModule_GetDict(self), r->str_mark_dirty);
+        if (own != NULL || PyErr_Occurred()) {
+            if (PyErr_Occurred()) {
+                return -1;
+            }
+            mirrored = 0;
+        }
+    }
+    if (!mirrored) {
+        return call_method1(self, r->str_mark_dirty, name);
+    }
+    PyObject *var = PyObject_GetAttr(self, r->str_dirty_keys_var);
+    PyObject *dirty = var ? PyObject_CallMethodNoArgs(var, r->str_get) : NULL;
+    if (dirty == NULL) {
+        Py_XDECREF(var);
+        return -1;
+    }
+    int rc = 0;
+    if (dirty != Py_None) {
+        rc = call_method1(dirty, r->str_add, name);
+        Py_ssize_t n = rc == 0 ? PyObject_Size(dirty) : -1;
+        PyObject *len = n >= 0 ? PyLong_FromSsize_t(n) : NULL;
+        PyObject *cap = len ? PyObject_GetAttr(self, r->str_dirty_cap) : NULL;
+        int over = cap ? PyObject_RichCompareBool(len, cap, Py_GT) : -1;
+        Py_XDECREF(len);
+        Py_XDECREF(cap);
+        rc = over < 0 ? -1 : over ? call_method1(var, r->str_set, Py_None) : 0;
+    }
+    Py_DECREF(dirty);
+    Py_DECREF(var);
+    return rc;
+}
+
+/* config[k].user_override.set(v); self._hash_dirty_var.set(True);
+ * self._mark_get_dict_dirty(k) */
+static int
+apply_one(rt_config_reader *r, PyObject *self, PyObject *config, PyObject *k, PyObject *v)
+{
+    PyObject *entry = PyObject_GetItem(config, k);
+    PyObject *var = entry ? PyObject_GetAttr(entry, r->str_user_override) : NULL;
+    Py_XDECREF(entry);
+    int rc = var ? call_method1(var, r->str_set, v) : -1;
+    Py_XDECREF(var);
+    if (rc < 0) {
+        return -1;
+    }
+    PyObject *hash_var = PyObject_GetAttr(self, r->str_hash_dirty_var);
+    rc = hash_var ? call_method1(hash_var, r->str_set, Py_True) : -1;
+    Py_XDECREF(hash_var);
+    return rc < 0 ? -1 : mark_dirty(r, self, k);
+}
+
+/* for k, v in pairs.items(): apply_one(...), pairs an exact dict nothing
+ * else holds while this runs (changes: the call's own **kwargs; prior: ours) */
+static int
+apply_all(rt_config_reader *r, PyObject *self, PyObject *config, PyObject *pairs)
+{
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(pairs, &pos, &k, &v)) {
+        Py_INCREF(k);
+        Py_INCREF(v);
+        int rc = apply_one(r, self, config, k, v);
+        Py_DECREF(k);
+        Py_DECREF(v);
+        if (rc < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int
+rt_config_patch_enter(rt_state *st, PyObject *closure, rt_config_patch *p)
+{
+    rt_config_reader *r = &st->config_reader;
+    p->self = p->config = p->prior = NULL;
+    PyObject *changes = PyCell_GET(PyTuple_GET_ITEM(closure, 0));
+    PyObject *config = PyCell_GET(PyTuple_GET_ITEM(closure, 1));
+    PyObject *self = PyCell_GET(PyTuple_GET_ITEM(closure, 2));
+    if (changes == NULL || config == NULL || self == NULL) {
+        PyErr_SetString(PyExc_NameError, "free variable referenced before assignment");
+        return -1;
+    }
+    if (!PyDict_CheckExact(changes)) {
+        PyErr_SetString(PyExc_TypeError, "the patcher's changes are not a dict");
+        return -1;
+    }
+    p->self = Py_NewRef(self);
+    p->config = Py_NewRef(config);
+    p->prior = PyDict_New();
+    if (p->prior == NULL) {
+        return -1;
+    }
+    /* prior = {k: config[k].user_override.get() for k in changes} */
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(changes, &pos, &k, &v)) {
+        Py_INCREF(k);
+        PyObject *entry = PyObject_GetItem(config, k);
+        PyObject *var = entry ? PyObject_GetAttr(entry, r->str_user_override) : NULL;
+        PyObject *old = var ? PyObject_CallMethodNoArgs(var, r->str_get) : NULL;
+        int rc = old ? PyDict_SetItem(p->prior, k, old) : -1;
+        Py_XDECREF(entry);
+        Py_XDECREF(var);
+        Py_XDECREF(old);
+        Py_DECREF(k);
+        if (rc < 0) {
+            return -1;
+        }
+    }
+    return apply_all(r, self, config, changes);
+}
+
+int
+rt_config_patch_exit(rt_state *st, rt_config_patch *p)
+{
+    return apply_all(&st->config_reader, p->self, p->config, p->prior);
+}
+
+void
+rt_config_patch_clear(rt_config_patch *p)
+{
+    Py_CLEAR(p->self);
+    Py_CLEAR(p->config);
+    Py_CLEAR(p->prior);
+}
