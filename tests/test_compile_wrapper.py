@@ -380,7 +380,13 @@ def test_dispatch_keys_set_inside_are_restored(raises):
         return seen
 
     seen, _ = differential(program, min_c=2)
-    assert all(ok and not excluded for ok, excluded in seen[1::2]), seen
+    # 2.13 on, compile_wrapper restores them (2.11 and 2.12 leave the key:
+    # the differential above compares that too)
+    import torch._dynamo.eval_frame as eval_frame
+
+    source = inspect.getsource(eval_frame._TorchDynamoContext.__call__)
+    if "_ForceDispatchKeyGuard" in source or "restore_local_dispatch_key_set" in source:
+        assert all(ok and not excluded for ok, excluded in seen[1::2]), seen
 
 
 def test_helper_replaced_between_calls(monkeypatch):
