@@ -136,6 +136,10 @@ rt_config_patch_enter(rt_state *st, PyObject *closure, rt_config_patch *p)
 {
     rt_config_reader *r = &st->config_reader;
     p->self = p->config = p->prior = NULL;
+    if (closure == NULL || !PyTuple_Check(closure) || PyTuple_GET_SIZE(closure) != 3) {
+        PyErr_SetString(PyExc_SystemError, "a config patcher without its three cells");
+        return -1;
+    }
     PyObject *changes = PyCell_GET(PyTuple_GET_ITEM(closure, 0));
     PyObject *config = PyCell_GET(PyTuple_GET_ITEM(closure, 1));
     PyObject *self = PyCell_GET(PyTuple_GET_ITEM(closure, 2));

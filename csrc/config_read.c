@@ -134,23 +134,29 @@ resolved_clear(rt_config_resolved *c)
     c->mdict_version = c->entries_version = c->globals_version = 0;
 }
 
+/* The slot remembering config.name (borrowed), or NULL. */
+static rt_config_resolved *
+resolved_slot(rt_config_reader *r, PyObject *config, PyObject *name)
+{
+    for (int i = 0; i < RT_CFG_READS; i++) {
+        if (r->resolved[i].config == config && r->resolved[i].name == name) {
+            return &r->resolved[i];
+        }
+    }
+    return NULL;
+}
+
 /* The resolved read of config.name still valid (borrowed), or NULL. */
 static rt_config_resolved *
 resolved_find(rt_config_reader *r, PyObject *config, PyObject *name, PyObject *mdict)
 {
+    rt_config_resolved *c = resolved_slot(r, config, name);
     PyTypeObject *tp = Py_TYPE(config);
-    for (int i = 0; i < RT_CFG_READS; i++) {
-        rt_config_resolved *c = &r->resolved[i];
-        if (c->config == config && c->name == name) {
-            int valid = c->tp == tp && (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
-                        tp->tp_version_tag == c->tag &&
-                        rt_dict_unchanged(mdict, c->mdict_version) &&
-                        rt_dict_unchanged(c->entries, c->entries_version) &&
-                        rt_dict_unchanged(r->globals, c->globals_version);
-            return valid ? c : NULL;
-        }
-    }
-    return NULL;
+    int valid = c != NULL && c->tp == tp && (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
+                tp->tp_version_tag == c->tag && rt_dict_unchanged(mdict, c->mdict_version) &&
+                rt_dict_unchanged(c->entries, c->entries_version) &&
+                rt_dict_unchanged(r->globals, c->globals_version);
+    return valid ? c : NULL;
 }
 
 /* Remembers a read resolved at these versions (nothing where one of them is
@@ -165,12 +171,7 @@ resolved_remember(rt_config_reader *r, PyObject *config, PyObject *name, PyObjec
     if (!(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) || !mv || !ev || !gv) {
         return;
     }
-    rt_config_resolved *c = NULL;
-    for (int i = 0; i < RT_CFG_READS && c == NULL; i++) {
-        if (r->resolved[i].config == config && r->resolved[i].name == name) {
-            c = &r->resolved[i];
-        }
-    }
+    rt_config_resolved *c = resolved_slot(r, config, name);
     if (c == NULL) {
         c = &r->resolved[r->next_resolved];
         r->next_resolved = (r->next_resolved + 1) % RT_CFG_READS;

@@ -322,6 +322,64 @@ def test_config_patcher_with_a_replaced_method(monkeypatch):
     assert len(seen) >= 8, seen  # two keys, entered and reverted, per call
 
 
+def test_hooks_changed_by_an_enter(monkeypatch):
+    """An enter hook's Python (here the config module's shadowed
+    _mark_get_dict_dirty, called by the patcher's change) replaces
+    torch.compile's own hook and grows the list past what C keeps: the rest
+    of the list is entered as upstream's comprehension iterates it, each hook
+    as it is then, and each cleanup run in order after the call."""
+    cfg = torch._dynamo.config
+    if not hasattr(type(cfg), "_mark_get_dict_dirty"):
+        pytest.skip("no _mark_get_dict_dirty on this release")
+    from torch._dynamo import eval_frame
+    from torch._dynamo.mutation_guard import GenerationTracker
+
+    events, ctxs, armed = [], [], []
+    make = eval_frame.make_set_enable_dynamic
+
+    def capture(dynamic):
+        ctxs.append(inspect.currentframe().f_back.f_locals["self"])
+        return make(dynamic)
+
+    class Hook:  # a callable that is not a function
+        def __init__(self, i):
+            self.i = i
+
+        def __call__(self):
+            events.append(f"enter {self.i}")
+            return lambda: events.append(f"exit {self.i}")
+
+    original = cfg._mark_get_dict_dirty
+
+    def spy(name):
+        if armed:
+            hooks = ctxs[-1].enter_exit_hooks
+            armed.clear()
+            hooks[1:] = [Hook(i) for i in range(5)]
+        return original(name)
+
+    monkeypatch.setattr(eval_frame, "make_set_enable_dynamic", capture)
+    monkeypatch.setitem(cfg.__dict__, "_mark_get_dict_dirty", spy)
+
+    def program():
+        ctxs.clear()
+        g = torch.compile(f, backend="aot_eager", dynamic=False)
+        x, w = torch.randn(3, 4), torch.randn(3, 4)
+        rows = [_v(g(x, w)), _v(g(x, w))]
+        hooks = list(ctxs[-1].enter_exit_hooks)
+        events.clear()
+        generation = GenerationTracker.generation
+        armed.append(True)
+        rows.append(_attempt(lambda: _v(g(x, w))))
+        rows.append((list(events), GenerationTracker.generation - generation))
+        ctxs[-1].enter_exit_hooks[:] = hooks
+        rows.append(_v(g(x, w)))
+        return rows
+
+    rows, _ = differential(program, min_c=2)
+    assert rows[3][0] == [f"enter {i}" for i in range(5)] + [f"exit {i}" for i in range(5)], rows
+
+
 def test_exception_inside_the_graph():
     """The compiled function raises at run time: the same exception, and the
     thread-local state as before the call."""

@@ -135,6 +135,28 @@ is_config_patcher(rt_cw_state *cw, PyObject *h)
     return PyDict_CheckExact(PyCell_GET(PyTuple_GET_ITEM(closure, 0)));
 }
 
+/* What one enter hook left for the exit: a config patcher's revert state,
+ * or what a hook called as Python returned (call); neither for
+ * torch.compile's own (its cleanup `nothing` does nothing). */
+typedef struct {
+    rt_config_patch patch;
+    PyObject *call;
+} cw_cleanup;
+
+static int
+cw_cleanup_run(rt_state *st, cw_cleanup *cl)
+{
+    if (cl->patch.prior != NULL) {
+        return rt_config_patch_exit(st, &cl->patch);
+    }
+    if (cl->call != NULL) {
+        PyObject *r = PyObject_CallNoArgs(cl->call);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    return 0;
+}
+
 /* hooks (self.enter_exit_hooks) are the ones a call in C runs: a list of at
  * most CW_MAX_HOOKS, torch.compile's own once (after its first run), config
  * patchers otherwise */
@@ -522,41 +544,54 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
     PyObject *result = NULL;
     rt_dispatch_keys keys = {NULL, NULL, NULL, NULL, {0, 0}};
     int keys_entered = 0;
-    /* what each enter left, in order: a patcher's revert state, or none
-     * for torch.compile's own (`nothing`, whose call does nothing) */
-    rt_config_patch cleanups[CW_MAX_HOOKS] = {{NULL, NULL, NULL}};
+    /* what each enter left, in order (cw_cleanup) */
+    cw_cleanup cleanups[CW_MAX_HOOKS] = {{{NULL, NULL, NULL}, NULL}};
+    PyObject *more_cleanups = NULL; /* past CW_MAX_HOOKS: a list grown by a hook */
     Py_ssize_t n_cleanups = 0;
+    int patcher_bound = self->st->config_reader.mark_dirty != NULL;
 
-    /* cleanups = [enter() for enter in self.enter_exit_hooks] */
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(c->hooks) && i < CW_MAX_HOOKS; i++) {
-        PyObject *h = PyList_GET_ITEM(c->hooks, i);
-        if (is_on_enter_hook(cw, h)) {
+    /* cleanups = [enter() for enter in self.enter_exit_hooks]: the live list,
+     * as the comprehension iterates it (an enter's Python may change it);
+     * each hook is classified when reached, and one C does not run (or past
+     * CW_MAX_HOOKS) is called as upstream does */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(c->hooks); i++) {
+        PyObject *h = Py_NewRef(PyList_GET_ITEM(c->hooks, i));
+        cw_cleanup *cl = i < CW_MAX_HOOKS ? &cleanups[i] : NULL;
+        int rc;
+        if (cl != NULL && is_on_enter_hook(cw, h)) {
             /* on_enter -> install_generation_tagging_init():
-             * GenerationTracker.generation += 1 */
+             * GenerationTracker.generation += 1; its cleanup `nothing` */
             PyObject *gen = PyObject_GetAttr(cw->generation_tracker, cw->str_generation);
             PyObject *one = gen ? PyLong_FromLong(1) : NULL;
             PyObject *next = one ? PyNumber_InPlaceAdd(gen, one) : NULL;
-            int rc = next ? PyObject_SetAttr(cw->generation_tracker, cw->str_generation, next)
-                          : -1;
+            rc = next ? PyObject_SetAttr(cw->generation_tracker, cw->str_generation, next) : -1;
             Py_XDECREF(gen);
             Py_XDECREF(one);
             Py_XDECREF(next);
-            if (rc < 0) {
-                goto done;
-            }
-            n_cleanups++;
+        }
+        else if (cl != NULL && patcher_bound && is_config_patcher(cw, h)) {
+            /* a config patcher's change(); its cleanup revert() */
+            rc = rt_config_patch_enter(self->st, PyFunction_GET_CLOSURE(h), &cl->patch);
         }
         else {
-            /* a config patcher's change() */
-            Py_INCREF(h);
-            int rc = rt_config_patch_enter(self->st, PyFunction_GET_CLOSURE(h),
-                                           &cleanups[n_cleanups]);
-            Py_DECREF(h);
-            n_cleanups++;
-            if (rc < 0) {
-                goto done;
+            PyObject *r = PyObject_CallNoArgs(h);
+            rc = r == NULL ? -1 : 0;
+            if (cl != NULL) {
+                cl->call = r;
+            }
+            else if (r != NULL) {
+                if (more_cleanups == NULL && (more_cleanups = PyList_New(0)) == NULL) {
+                    rc = -1;
+                }
+                rc = rc < 0 ? -1 : PyList_Append(more_cleanups, r);
+                Py_DECREF(r);
             }
         }
+        Py_DECREF(h);
+        if (rc < 0) {
+            goto done;
+        }
+        n_cleanups++;
     }
     /* set_skip_guard_eval_unsafe(_is_skip_guard_eval_unsafe_stance()) */
     PyObject *stance = PyDict_GetItemWithError(cw->globals, cw->str_stance_global);
@@ -676,10 +711,13 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
         ok = ok && do1(g[RT_CWG_SET_SKIP_GUARD], prior_skip) == 0;
         ok = ok && do1(g[RT_CWG_SET_ISOLATE_ID], prior_id) == 0;
         /* for cleanup in cleanups: cleanup() (torch.compile's: `nothing`) */
-        for (Py_ssize_t i = 0; ok && i < n_cleanups; i++) {
-            if (cleanups[i].prior != NULL) {
-                ok = rt_config_patch_exit(self->st, &cleanups[i]) == 0;
-            }
+        for (Py_ssize_t i = 0; ok && i < n_cleanups && i < CW_MAX_HOOKS; i++) {
+            ok = cw_cleanup_run(self->st, &cleanups[i]) == 0;
+        }
+        for (Py_ssize_t i = 0; ok && more_cleanups && i < PyList_GET_SIZE(more_cleanups); i++) {
+            PyObject *r = PyObject_CallNoArgs(PyList_GET_ITEM(more_cleanups, i));
+            ok = r != NULL;
+            Py_XDECREF(r);
         }
         if (rt_finally_end(&saved, ok) < 0) {
             Py_CLEAR(result);
@@ -707,9 +745,11 @@ done:
     Py_XDECREF(prior_eog);
     Py_XDECREF(depth);
     rt_dispatch_keys_clear(&keys);
-    for (Py_ssize_t i = 0; i < n_cleanups; i++) {
-        rt_config_patch_clear(&cleanups[i]);
+    for (Py_ssize_t i = 0; i < CW_MAX_HOOKS; i++) {
+        rt_config_patch_clear(&cleanups[i].patch);
+        Py_XDECREF(cleanups[i].call);
     }
+    Py_XDECREF(more_cleanups);
     return result;
 }
 
