@@ -7,11 +7,11 @@ checks, attribute by attribute, that nothing is replaced)."""
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+import _fresh_python as fresh_python
 
 # the gate, in subprocesses: the same with the C++ part and without
 pytestmark = pytest.mark.cpp_independent
@@ -88,10 +88,7 @@ def run(remove: str, **extra_env) -> dict:
         if k not in ("TORCH_AOT_RT", "TORCH_AOT_RT_UNVERIFIED")
     }
     env.update(extra_env)
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT.format(remove=remove)],
-        capture_output=True, text=True, timeout=300, env=env,
-    )
+    proc = fresh_python.run(SCRIPT.format(remove=remove), env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 import _differential as D
+import _fresh_python as fresh_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -149,8 +148,7 @@ def run(before: str = "", **env_extra) -> dict:
     env.update(env_extra)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     script = _SCRIPT.format(snapshot=_SNAPSHOT, workload=_WORKLOAD, before=before)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=600, env=env, cwd=ROOT)
+    proc = fresh_python.run(script, env=env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import subprocess
-import sys
 import textwrap
 import types
 
@@ -18,6 +16,7 @@ import torch._functorch._aot_autograd.runtime_wrappers as rw
 from functorch.compile import aot_function, nop
 
 import _differential as D
+import _fresh_python as fresh_python
 import torch_aot_rt
 from _cases import f_plain
 
@@ -194,14 +193,7 @@ def _run_python(code: str, env_value: str | None) -> str:
     if env_value is not None:
         env["TORCH_AOT_RT"] = env_value
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    res = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = fresh_python.run(textwrap.dedent(code), env=env, cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     return res.stdout.strip().splitlines()[-1]
 
