@@ -130,8 +130,8 @@ static PyMethodDef module_methods[] = {
     {"_graph_call_stats", (PyCFunction)(void (*)(void))rt_graph_call_stats, METH_FASTCALL,
      PyDoc_STR("_graph_call_stats(reset=False)\nCalls of the C CompiledFxGraph.__call__ by "
                "path; reset zeroes the counts.")},
-    {"_pregraph_stats", (PyCFunction)(void (*)(void))rt_pregraph_stats, METH_FASTCALL,
-     PyDoc_STR("_pregraph_stats(reset=False)\nCalls of the C record_pregraph_bytecode_enter/"
+    {"_helper_stats", (PyCFunction)(void (*)(void))rt_helper_stats, METH_FASTCALL,
+     PyDoc_STR("_helper_stats(reset=False)\nCalls of the C record_pregraph_bytecode_enter/"
                "exit by path; reset zeroes the counts.")},
     {"_bind_torch", (PyCFunction)(void (*)(void))bind_torch, METH_VARARGS | METH_KEYWORDS,
      PyDoc_STR("_bind_torch(*, opaque_type_check, opaque_base, external_objects, "

@@ -116,7 +116,7 @@ typedef struct rt_state {
     PyTypeObject *SerializableCallType;   /* serializable_call.c */
     PyTypeObject *ParamsPrependType;      /* params_prepend.c */
     PyTypeObject *DisabledCallType;       /* dynamo/disable.c */
-    PyTypeObject *PregraphHookType;       /* dynamo/pregraph.c */
+    PyTypeObject *BytecodeHelperType;       /* dynamo/bytecode_helper.c */
     PyTypeObject *CompileWrapperType;     /* dynamo/compile_wrapper.c */
     PyTypeObject *ModuleCallType;         /* dynamo/optimized_module.c */
     rt_cw_state cw;
@@ -124,7 +124,7 @@ typedef struct rt_state {
     PyObject *null_context;               /* its one instance */
     PyObject *str_dynamo_disable;         /* __dynamo_disable */
     PyObject *str_pregraph_range;         /* "Pregraph bytecode" */
-    Py_ssize_t pregraph_counts[RT_PREGRAPH_N];
+    Py_ssize_t helper_counts[RT_HELPER_N];
     /* inductor (inductor/graph_call.c) */
     PyTypeObject *GraphCallType;
     PyObject *graph_call_graphs;          /* {id(graph): weakref}: compiled with C on */

@@ -1,10 +1,12 @@
-"""The functions Dynamo's transformed bytecode calls around a graph's
-argument preparation, ``torch._dynamo.utils.record_pregraph_bytecode_enter``
-and ``_exit``, in C (``_C.PregraphHook``, csrc/dynamo/pregraph.c), against
-upstream's: the same program with the C runtime off (the hooks then call
-upstream's functions) and on, compared: results, the profiler's events,
-recompiles and the errors of the stances, the eval-frame callback the body
-runs under, and the hooks called by hand (errors word for word).
+"""The functions of torch._dynamo.utils Dynamo's transformed bytecode calls
+per call, in C (``_C.BytecodeHelper``, csrc/dynamo/bytecode_helper.c):
+``record_pregraph_bytecode_enter`` and ``_exit`` around a graph's argument
+preparation, ``call_size``, ``call_stride`` and ``call_storage_offset`` for
+its dynamic sizes; against upstream's: the same program with the C runtime
+off (the hooks then call upstream's functions) and on, compared: results,
+the profiler's events, recompiles and the errors of the stances, the
+eval-frame callback the body runs under, and the hooks called by hand
+(errors word for word).
 """
 
 from __future__ import annotations
@@ -21,20 +23,20 @@ pytestmark = pytest.mark.needs_c
 
 
 def _pregraph_counts():
-    return torch_aot_rt.stats()["dynamo_pregraph"]
+    return torch_aot_rt.stats()["dynamo_bytecode_helpers"]
 
 
-def _hooks_in_c() -> bool:
-    """Whether the hooks are the C ones; where not (2.11, whose per-call
-    layers stay upstream's; 2.15, whose bytecode calls them only under the
-    profiler), that they are upstream's functions."""
-    hook = dynamo_utils.record_pregraph_bytecode_enter
-    per_call = D.RELEASE is None or D.RELEASE.pregraph_per_call
-    if isinstance(hook, torch_aot_rt._C.PregraphHook):
+def _hooks_in_c(name="record_pregraph_bytecode_enter") -> bool:
+    """Whether the hook is the C one; where not (2.11, whose per-call layers
+    stay upstream's; for the pregraph pair 2.15, whose bytecode calls them
+    only under the profiler), that it is upstream's function."""
+    hook = getattr(dynamo_utils, name)
+    per_call = D.RELEASE is None or D.RELEASE.pregraph_per_call or not name.startswith("record_")
+    if isinstance(hook, torch_aot_rt._C.BytecodeHelper):
         assert per_call
         return True
     assert not (D.LAYERS_MIRRORED and per_call), torch_aot_rt.stats()["fallback_reasons"]
-    assert type(hook).__name__ == "function" and hook.__name__ == "record_pregraph_bytecode_enter"
+    assert type(hook).__name__ == "function" and hook.__name__ == name
     return False
 
 
@@ -164,6 +166,79 @@ def test_called_by_hand():
 
     off, on = run(False), run(True)
     D.assert_same(off, on)
+
+
+def test_dynamic_sizes_in_c():
+    """dynamic=True: the bytecode reads the graph's dynamic sizes through
+    call_size (and, as the inputs need, call_stride, call_storage_offset),
+    every one in C; results and recompiles as upstream's."""
+    from torch._dynamo.utils import counters
+    in_c = _hooks_in_c("call_size")
+    pregraph = _hooks_in_c()
+
+    def h(x, y):
+        return (x[1:] * 2).sum(0) + y.shape[0]
+
+    def program():
+        counters.clear()
+        g = torch.compile(h, backend="aot_eager", dynamic=True)
+        outs = []
+        for n in (3, 4, 5, 6):
+            base = torch.randn(n + 2, n)
+            outs.append(_values([g(base[1:, :].t(), torch.randn(n))]))
+        return outs, dict(counters["stats"])
+
+    _, delta = differential(program)
+    calls = delta.get("calls in C", 0)
+    if in_c:
+        # the three steady-state calls at least: a size each, and the
+        # pregraph pair where it is C
+        assert calls >= 3 * (1 + 2 * pregraph), delta
+        assert set(delta) == {"calls in C"}, delta
+
+
+class _Logged(torch.Tensor):
+    """A subclass whose __torch_function__ records the eval-frame callback
+    it ran under (None inside a disabled function)."""
+    seen: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append((getattr(func, "__name__", repr(func)),
+                         c_eval_frame.get_eval_frame_callback() is None))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_tensor_properties_called_by_hand():
+    """call_size, call_stride and call_storage_offset called directly: their
+    results, a subclass's __torch_function__ and the callback it ran under,
+    and the errors (out of range, not a tensor, wrong arguments) word for
+    word."""
+    _hooks_in_c("call_size")
+    size, stride, offset = (dynamo_utils.call_size, dynamo_utils.call_stride,
+                            dynamo_utils.call_storage_offset)
+    x = torch.randn(5, 6)[1:, ::2]
+    sub = torch.randn(2, 3).as_subclass(_Logged)
+
+    def run(use_c):
+        _Logged.seen.clear()
+        with D.runtime(use_c):
+            rec = {
+                "values": (size(x, 0), size(x, -1), stride(x, 1), offset(x)),
+                "subclass": (size(sub, 1), stride(sub, 0), offset(sub)),
+                "range": D.error_record(D.raised(lambda: size(x, 2))),
+                "not_a_tensor": D.error_record(D.raised(lambda: stride(3, 0))),
+                "missing": D.error_record(D.raised(lambda: size(x))),
+                "extra": D.error_record(D.raised(lambda: offset(x, 0))),
+                "keyword": size(x, i=0),
+                "callback_after": repr(c_eval_frame.get_eval_frame_callback()),
+            }
+        rec["seen"] = list(_Logged.seen)
+        return rec
+
+    off, on = run(False), run(True)
+    D.assert_same(off, on)
+    assert off["seen"] and all(inside for _, inside in off["seen"]), off["seen"]
 
 
 def _graph_globals():

@@ -207,6 +207,14 @@ def _compiled_step(kind, use_c):
 
             def step():
                 g(x)
+        elif kind == "function_dynamic_aot_eager":
+            # dynamic=True: the config patcher among the enter hooks, and the
+            # bytecode's call_size for the graph's symbolic size
+            g = torch.compile(lambda a: a * a.shape[0], backend="aot_eager", dynamic=True)
+            x = torch.ones(3)
+
+            def step():
+                g(x)
         else:
             m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
             cm = torch.compile(m, backend="aot_eager")
@@ -221,7 +229,8 @@ def _compiled_step(kind, use_c):
 
 
 @pytest.mark.skipif(not D.C_ENABLED, reason="needs the C path")
-@pytest.mark.parametrize("kind", ["function_inductor", "module_training_aot_eager"])
+@pytest.mark.parametrize("kind", ["function_inductor", "function_dynamic_aot_eager",
+                                  "module_training_aot_eager"])
 def test_whole_call_frames(kind):
     """A steady-state call runs no Python of Dynamo's, AOTAutograd's or
     inductor's beyond the frame Dynamo transformed and the graph itself,

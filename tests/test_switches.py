@@ -138,7 +138,7 @@ def test_stats_snapshot_and_reset():
             k: (unavailable if k == "unavailable" else 0)
             for k in torch_aot_rt.stats()["dynamo_disable"]
         },
-        "dynamo_pregraph": {k: 0 for k in torch_aot_rt.stats()["dynamo_pregraph"]},
+        "dynamo_bytecode_helpers": {k: 0 for k in torch_aot_rt.stats()["dynamo_bytecode_helpers"]},
         "inductor_graph_call": {k: 0 for k in torch_aot_rt.stats()["inductor_graph_call"]},
         "dynamo_compile_wrapper": {k: 0 for k in torch_aot_rt.stats()["dynamo_compile_wrapper"]},
         "config_reads": {"in C": 0, "upstream's": 0},

@@ -89,7 +89,7 @@ def stats() -> dict:
     wrapper runs in C (``built``) or why not, the calls of those by path
     (``calls in C`` or why upstream's wrapper ran), and ``unavailable``: why
     no compiled backward gets it on this torch, or None.
-    ``dynamo_pregraph``: calls of the functions Dynamo's bytecode calls
+    ``dynamo_bytecode_helpers``: calls of the functions Dynamo's bytecode calls
     around a graph's argument preparation
     (``torch._dynamo.utils.record_pregraph_bytecode_enter``/``_exit``) by
     path: ``calls in C``, or why upstream's ran. ``inductor_graph_call``:
@@ -117,7 +117,7 @@ def stats() -> dict:
     out["cpp_epilogue"] = _epilogue_stats()
     out["dynamo_disable"] = _disable_stats()
     out["dynamo_disable"]["unavailable"] = _state.disable_unavailable()
-    out["dynamo_pregraph"] = _pregraph_stats()
+    out["dynamo_bytecode_helpers"] = _helper_stats()
     out["inductor_graph_call"] = _graph_call_stats()
     out["dynamo_compile_wrapper"] = _compile_wrapper_stats()
     out["config_reads"] = _config_read_stats()
@@ -142,10 +142,10 @@ def _disable_stats(reset: bool = False) -> dict:
     return _C._disable_stats(reset)
 
 
-def _pregraph_stats(reset: bool = False) -> dict:
+def _helper_stats(reset: bool = False) -> dict:
     from . import _C
 
-    return _C._pregraph_stats(reset)
+    return _C._helper_stats(reset)
 
 
 def _graph_call_stats(reset: bool = False) -> dict:
@@ -171,7 +171,7 @@ def reset_stats() -> None:
     _node_stats(reset=True)
     _epilogue_stats(reset=True)
     _disable_stats(reset=True)
-    _pregraph_stats(reset=True)
+    _helper_stats(reset=True)
     _graph_call_stats(reset=True)
     _compile_wrapper_stats(reset=True)
     _config_read_stats(reset=True)

@@ -342,14 +342,14 @@ def _replace_layers(rw) -> list:
     import torch._functorch.aot_autograd as aot_autograd
 
     from . import (
-        _compile_wrapper, _disable, _guards, _inductor, _pregraph, _prepend, _serializable,
+        _compile_wrapper, _disable, _guards, _inductor, _bytecode_helpers, _prepend, _serializable,
         _subclass, _wrappers,
     )
 
     replaced = []
     for name, install, arg in (
         ("saved-tensors-hooks guard", _guards.install, None),
-        ("pregraph bytecode hooks", _pregraph.install, "release"),
+        ("bytecode helpers", _bytecode_helpers.install, "release"),
         ("compiled graphs' disable wrapper", _disable.install_graph_globals, None),
         ("inductor's CompiledFxGraph.__call__", _inductor.install, None),
         ("Dynamo's compile_wrapper", _compile_wrapper.install, "release"),

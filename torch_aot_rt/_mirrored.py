@@ -170,10 +170,14 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS",
     )),
     ("_dynamo/utils.py", (
-        # csrc/dynamo/pregraph.c: the functions the transformed bytecode
+        # csrc/dynamo/bytecode_helper.c: the functions the transformed bytecode
         # calls around a graph's argument preparation
         "record_pregraph_bytecode_enter",
         "record_pregraph_bytecode_exit",
+        # ... and those it calls for a dynamic size, stride or offset
+        "call_size",
+        "call_stride",
+        "call_storage_offset",
         # csrc/inductor/graph_call.c's finally
         "_metrics_context_tls",
         "get_runtime_metrics_context",
@@ -186,7 +190,7 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "PyCodegen.make_call_generated_code",
     )),
     ("_compile.py", (
-        # their decorator's inner (_pregraph.py checks its code)
+        # their decorator's inner (_bytecode_helpers.py checks its code)
         "_disable_dynamo",
     )),
     ("_inductor/output_code.py", (

@@ -202,7 +202,7 @@ class Release:
     # _IMMUTABLE_CONFIG_TYPES (2.12 on); 2.11's keeps the override in a plain
     # attribute and copies list/set/dict defaults only: its reads stay Python's
     config_read_mirrored: bool = True
-    # --- the pregraph bytecode hooks (csrc/dynamo/pregraph.c) ---
+    # --- the pregraph bytecode hooks (csrc/dynamo/bytecode_helper.c) ---
     # the transformed bytecode calls torch._dynamo.utils.
     # record_pregraph_bytecode_enter/_exit (torch._disable_dynamo'd) on every
     # call; 2.15's calls them only under the profiler, undecorated and

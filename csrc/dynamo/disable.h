@@ -21,12 +21,12 @@ enum rt_disable_count {
     RT_DISABLE_N
 };
 
-/* How each call of a PregraphHook (dynamo/pregraph.c) ran. */
-enum rt_pregraph_count {
-    RT_PREGRAPH_C,        /* in C */
-    RT_PREGRAPH_WRAPPER,  /* upstream's disable wrapper (its state: rt_disable_count) */
-    RT_PREGRAPH_UPSTREAM, /* upstream's function: switched off, another wrapper, other arguments */
-    RT_PREGRAPH_N
+/* How each call of a BytecodeHelper (dynamo/bytecode_helper.c) ran. */
+enum rt_helper_count {
+    RT_HELPER_C,        /* in C */
+    RT_HELPER_WRAPPER,  /* upstream's disable wrapper (its state: rt_disable_count) */
+    RT_HELPER_UPSTREAM, /* upstream's function: switched off, another wrapper, other arguments */
+    RT_HELPER_N
 };
 
 /* What the wrapper reads, bound by _C._bind_disable once the shim has

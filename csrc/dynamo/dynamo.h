@@ -8,13 +8,13 @@
 
 extern PyType_Spec SavedHooksGuard_spec;
 extern PyType_Spec DisabledCall_spec;
-extern PyType_Spec PregraphHook_spec;
+extern PyType_Spec BytecodeHelper_spec;
 extern PyType_Spec NullContext_spec;
 extern PyType_Spec CompileWrapper_spec;
 extern PyType_Spec ModuleCall_spec;
 
-/* _C._pregraph_stats(reset=False) */
-PyObject *rt_pregraph_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* _C._helper_stats(reset=False) */
+PyObject *rt_helper_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* Creates Dynamo's function-like types into the module state. */
 int rt_dynamo_types_init(PyObject *module, rt_state *st);

@@ -1,6 +1,6 @@
 /* types.c: the registration of Dynamo's types: the function-like ones
  * (fn_object.h's head), saved_hooks_guard.c's SavedHooksGuard, disable.c's
- * DisabledCall, pregraph.c's PregraphHook, and pregraph.c's NullContext
+ * DisabledCall, bytecode_helper.c's BytecodeHelper, and bytecode_helper.c's NullContext
  * with its one instance. */
 #include "dynamo/dynamo.h"
 #include "fn_object.h"
@@ -14,7 +14,7 @@ rt_dynamo_types_init(PyObject *module, rt_state *st)
     } types[] = {
         {&SavedHooksGuard_spec, &st->SavedHooksGuardType},
         {&DisabledCall_spec, &st->DisabledCallType},
-        {&PregraphHook_spec, &st->PregraphHookType},
+        {&BytecodeHelper_spec, &st->BytecodeHelperType},
         {&NullContext_spec, &st->NullContextType},
         {&CompileWrapper_spec, &st->CompileWrapperType},
         {&ModuleCall_spec, &st->ModuleCallType},

@@ -1,16 +1,23 @@
-/* pregraph.c: PregraphHook, the two functions Dynamo's transformed bytecode
- * calls around the code that prepares a graph's arguments, in C.
+/* bytecode_helper.c: BytecodeHelper, the functions of torch._dynamo.utils
+ * that Dynamo's transformed bytecode calls on every call of a compiled
+ * frame, in C. Each is decorated with torch._disable_dynamo and loaded as
+ * an attribute of the module at each call (codegen.py's load_import_from):
  *
- * With torch._dynamo.config.record_runtime_overhead (the default), the
- * bytecode of every compiled frame calls, on every call,
+ * - with torch._dynamo.config.record_runtime_overhead (the default), around
+ *   the code that prepares a graph's arguments:
  *
- *     cm = torch._dynamo.utils.record_pregraph_bytecode_enter()
- *     ... the graph's arguments ...
- *     torch._dynamo.utils.record_pregraph_bytecode_exit(cm)
+ *       cm = torch._dynamo.utils.record_pregraph_bytecode_enter()
+ *       ... the graph's arguments ...
+ *       torch._dynamo.utils.record_pregraph_bytecode_exit(cm)
  *
- * (loaded as attributes of the module at each call: codegen.py's
- * load_import_from). Both are decorated with torch._disable_dynamo, so
- * each call runs _disable_dynamo's `inner` (torch/_compile.py):
+ * - for a dynamic size, stride or storage offset the graph takes
+ *   (TensorPropertySource.reconstruct, source.py):
+ *
+ *       torch._dynamo.utils.call_size(x, i)          # x.size(i)
+ *       torch._dynamo.utils.call_stride(x, i)        # x.stride(i)
+ *       torch._dynamo.utils.call_storage_offset(x)   # x.storage_offset()
+ *
+ * Each call runs _disable_dynamo's `inner` (torch/_compile.py):
  *
  *     disable_fn = getattr(fn, "__dynamo_disable", None)
  *     if disable_fn is None:          # the first call only
@@ -26,8 +33,10 @@
  *                  else contextlib.nullcontext())
  *            cm.__enter__(); return cm
  *     exit:  cm.__exit__(None, None, None)
+ *     call_size and the others: the method call, through the object
+ *            protocol as the bytecode makes it (a subclass's size() too)
  *
- * A PregraphHook replaces the module attribute. Per call it makes the same
+ * A BytecodeHelper replaces the module attribute. Per call it makes the same
  * checks in the same order and, in the state the C path handles (the C
  * runtime switched on, `fn.__dynamo_disable` the wrapper found at install,
  * the arguments the body takes, and rt_disable_fast_path's state: the
@@ -42,16 +51,27 @@
 #include "dynamo/dynamo.h"
 #include "fn_object.h"
 
+/* the functions replaced: their names in torch._dynamo.utils, bodies below */
+enum helper_kind {
+    HELPER_PREGRAPH_ENTER,
+    HELPER_PREGRAPH_EXIT,
+    HELPER_SIZE,
+    HELPER_STRIDE,
+    HELPER_STORAGE_OFFSET,
+    HELPER_N
+};
+
 typedef struct {
     RT_FN_HEAD
-    int exit;             /* record_pregraph_bytecode_exit, else _enter */
+    int kind;             /* enum helper_kind */
+    PyObject *method;     /* size, stride, storage_offset: its name, interned */
     PyObject *upstream;   /* the module attribute replaced: inner */
     PyObject *fn;         /* inner's fn, whose __dict__ holds __dynamo_disable */
     PyObject *wrapper;    /* the __dynamo_disable found there: DisableContext's _fn */
     PyObject *fn_cell;    /* its `fn` and `self` cells */
     PyObject *ctx_cell;
     PyObject *switch_;    /* torch_aot_rt._state._enabled, [bool] */
-} PregraphHook;
+} BytecodeHelper;
 
 /* _C.NullContext: contextlib.nullcontext() as the enter's body uses it */
 typedef struct {
@@ -80,7 +100,7 @@ static PyMethodDef NullContext_methods[] = {
 static PyType_Slot NullContext_slots[] = {
     {Py_tp_methods, NullContext_methods},
     {Py_tp_doc, (void *)"What contextlib.nullcontext() does as a context manager; "
-                        "PregraphHook's enter returns the one instance."},
+                        "BytecodeHelper's enter returns the one instance."},
     {0, NULL},
 };
 
@@ -98,7 +118,7 @@ static PyObject *
 enter_body(PyObject *op, PyObject *const *Py_UNUSED(argv), size_t Py_UNUSED(nargsf),
            PyObject *Py_UNUSED(kwnames))
 {
-    rt_state *st = ((PregraphHook *)op)->st;
+    rt_state *st = ((BytecodeHelper *)op)->st;
     PyObject *on = PyDict_GetItemWithError(st->profiler_globals, st->str_is_profiler_enabled);
     if (on == NULL) {
         if (!PyErr_Occurred()) {
@@ -125,25 +145,46 @@ static PyObject *
 exit_body(PyObject *op, PyObject *const *argv, size_t Py_UNUSED(nargsf),
           PyObject *Py_UNUSED(kwnames))
 {
-    if (rt_context_exit(((PregraphHook *)op)->st, argv[0], 0) < 0) {
+    if (rt_context_exit(((BytecodeHelper *)op)->st, argv[0], 0) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
 }
 
+/* call_size(x, i), call_stride(x, i), call_storage_offset(x): x.method(...) */
+static PyObject *
+method_body(PyObject *op, PyObject *const *argv, size_t nargsf, PyObject *Py_UNUSED(kwnames))
+{
+    return PyObject_VectorcallMethod(((BytecodeHelper *)op)->method, (PyObject **)argv,
+                                     PyVectorcall_NARGS(nargsf), NULL);
+}
+
+static const struct {
+    const char *name;     /* the attribute of torch._dynamo.utils */
+    const char *method;   /* the tensor method the body calls, or NULL */
+    Py_ssize_t nargs;     /* the positional arguments the body takes */
+    vectorcallfunc body;
+} helper_kinds[HELPER_N] = {
+    [HELPER_PREGRAPH_ENTER] = {"record_pregraph_bytecode_enter", NULL, 0, enter_body},
+    [HELPER_PREGRAPH_EXIT] = {"record_pregraph_bytecode_exit", NULL, 1, exit_body},
+    [HELPER_SIZE] = {"call_size", "size", 2, method_body},
+    [HELPER_STRIDE] = {"call_stride", "stride", 2, method_body},
+    [HELPER_STORAGE_OFFSET] = {"call_storage_offset", "storage_offset", 1, method_body},
+};
+
 /* ---- the call ----------------------------------------------------------- */
 
 static PyObject *
-PregraphHook_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObject *kwnames)
+BytecodeHelper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObject *kwnames)
 {
-    PregraphHook *self = (PregraphHook *)op;
+    BytecodeHelper *self = (BytecodeHelper *)op;
     rt_state *st = self->st;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     /* the C runtime off, or arguments the body does not take (its error
      * is upstream's, raised inside _fn): upstream's inner */
     if (PyList_GET_ITEM(self->switch_, 0) != Py_True || kwnames != NULL ||
-        nargs != (self->exit ? 1 : 0)) {
-        st->pregraph_counts[RT_PREGRAPH_UPSTREAM]++;
+        nargs != helper_kinds[self->kind].nargs) {
+        st->helper_counts[RT_HELPER_UPSTREAM]++;
         return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
     }
     /* inner: getattr(fn, "__dynamo_disable", None) */
@@ -156,7 +197,7 @@ PregraphHook_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyOb
     }
     Py_XDECREF(wrapper); /* compared by identity only; fn keeps it */
     if (wrapper != self->wrapper) {
-        st->pregraph_counts[RT_PREGRAPH_UPSTREAM]++;
+        st->helper_counts[RT_HELPER_UPSTREAM]++;
         return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
     }
     /* _fn */
@@ -168,31 +209,39 @@ PregraphHook_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyOb
         return NULL;
     }
     if (path != RT_DISABLE_CALL_C) {
-        st->pregraph_counts[RT_PREGRAPH_WRAPPER]++;
+        st->helper_counts[RT_HELPER_WRAPPER]++;
         return PyObject_Vectorcall(self->wrapper, argv, nargsf, kwnames);
     }
-    st->pregraph_counts[RT_PREGRAPH_C]++;
-    return rt_disable_run(ds, self->exit ? exit_body : enter_body, op, argv, nargsf, kwnames);
+    st->helper_counts[RT_HELPER_C]++;
+    return rt_disable_run(ds, helper_kinds[self->kind].body, op, argv, nargsf, kwnames);
 }
 
 /* ---- construction ------------------------------------------------------- */
 
 static PyObject *
-PregraphHook_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+BytecodeHelper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"upstream", "fn", "wrapper", "switch", "exit", NULL};
+    static char *keywords[] = {"upstream", "fn", "wrapper", "switch", "name", NULL};
     PyObject *upstream, *fn, *wrapper, *switch_;
-    int exit = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO!$p:PregraphHook", keywords, &upstream,
-                                     &fn, &wrapper, &PyList_Type, &switch_, &exit)) {
+    const char *name;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO!$s:BytecodeHelper", keywords, &upstream,
+                                     &fn, &wrapper, &PyList_Type, &switch_, &name)) {
+        return NULL;
+    }
+    int kind = 0;
+    while (kind < HELPER_N && strcmp(helper_kinds[kind].name, name) != 0) {
+        kind++;
+    }
+    if (kind == HELPER_N) {
+        PyErr_Format(PyExc_ValueError, "BytecodeHelper: no C body for %s", name);
         return NULL;
     }
     if (PyList_GET_SIZE(switch_) != 1 || !PyCallable_Check(upstream)) {
         PyErr_SetString(PyExc_ValueError,
-                        "PregraphHook: upstream must be callable, switch a one-item list");
+                        "BytecodeHelper: upstream must be callable, switch a one-item list");
         return NULL;
     }
-    PregraphHook *self = (PregraphHook *)rt_fn_alloc(type, PregraphHook_vectorcall);
+    BytecodeHelper *self = (BytecodeHelper *)rt_fn_alloc(type, BytecodeHelper_vectorcall);
     if (self == NULL) {
         return NULL;
     }
@@ -206,12 +255,17 @@ PregraphHook_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         PyTuple_GET_SIZE(closure) <= Py_MAX(ds->fn_cell, ds->ctx_cell) ||
         PyCell_GET(PyTuple_GET_ITEM(closure, ds->fn_cell)) != fn) {
         PyErr_SetString(PyExc_TypeError,
-                        "PregraphHook: wrapper must be the torch._dynamo.disable wrapper "
+                        "BytecodeHelper: wrapper must be the torch._dynamo.disable wrapper "
                         "of fn (and _bind_disable() called)");
         Py_DECREF(self);
         return NULL;
     }
-    self->exit = exit;
+    self->kind = kind;
+    if (helper_kinds[kind].method != NULL &&
+        (self->method = PyUnicode_InternFromString(helper_kinds[kind].method)) == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
     self->upstream = Py_NewRef(upstream);
     self->fn = Py_NewRef(fn);
     self->wrapper = Py_NewRef(wrapper);
@@ -222,7 +276,7 @@ PregraphHook_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 }
 
 static int
-PregraphHook_traverse(PregraphHook *self, visitproc visit, void *arg)
+BytecodeHelper_traverse(BytecodeHelper *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->module);
@@ -237,7 +291,7 @@ PregraphHook_traverse(PregraphHook *self, visitproc visit, void *arg)
 }
 
 static int
-PregraphHook_clear(PregraphHook *self)
+BytecodeHelper_clear(BytecodeHelper *self)
 {
     Py_CLEAR(self->dict);
     Py_CLEAR(self->upstream);
@@ -246,29 +300,30 @@ PregraphHook_clear(PregraphHook *self)
     Py_CLEAR(self->fn_cell);
     Py_CLEAR(self->ctx_cell);
     Py_CLEAR(self->switch_);
+    Py_CLEAR(self->method);
     return 0;
 }
 
-DEFINE_DEALLOC(PregraphHook, (void)0)
-FN_MEMBERS(PregraphHook)
-FN_SPEC(PregraphHook,
-        "PregraphHook(upstream, fn, wrapper, switch, *, exit=False): what "
-        "torch._dynamo.utils.record_pregraph_bytecode_enter (exit: _exit), `upstream`, "
-        "does when called: in C where the C runtime is on and the disable wrapper's "
-        "state allows it; upstream's otherwise.")
+DEFINE_DEALLOC(BytecodeHelper, (void)0)
+FN_MEMBERS(BytecodeHelper)
+FN_SPEC(BytecodeHelper,
+        "BytecodeHelper(upstream, fn, wrapper, switch, *, name): what "
+        "torch._dynamo.utils.<name> (record_pregraph_bytecode_enter or _exit, call_size, "
+        "call_stride, call_storage_offset), `upstream`, does when called: in C where the "
+        "C runtime is on and the disable wrapper's state allows it; upstream's otherwise.")
 
 /* ---- counts ------------------------------------------------------------- */
 
-static const char *const count_names[RT_PREGRAPH_N] = {
-    [RT_PREGRAPH_C] = "calls in C",
-    [RT_PREGRAPH_WRAPPER] = "upstream calls: the disable wrapper's state",
-    [RT_PREGRAPH_UPSTREAM] = "upstream calls: switched off, another wrapper or other arguments",
+static const char *const count_names[RT_HELPER_N] = {
+    [RT_HELPER_C] = "calls in C",
+    [RT_HELPER_WRAPPER] = "upstream calls: the disable wrapper's state",
+    [RT_HELPER_UPSTREAM] = "upstream calls: switched off, another wrapper or other arguments",
 };
 
 PyObject *
-rt_pregraph_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+rt_helper_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     rt_state *st = PyModule_GetState(module);
-    return rt_counts_dict("_pregraph_stats", args, nargs, count_names, st->pregraph_counts,
-                          RT_PREGRAPH_N);
+    return rt_counts_dict("_helper_stats", args, nargs, count_names, st->helper_counts,
+                          RT_HELPER_N);
 }

@@ -1,6 +1,9 @@
-"""The two functions Dynamo's transformed bytecode calls around a graph's
-argument preparation, ``torch._dynamo.utils.record_pregraph_bytecode_enter``
-and ``_exit``, in C (``_C.PregraphHook``, csrc/dynamo/pregraph.c).
+"""The functions of ``torch._dynamo.utils`` that Dynamo's transformed
+bytecode calls per call, in C (``_C.BytecodeHelper``,
+csrc/dynamo/bytecode_helper.c): ``record_pregraph_bytecode_enter`` and
+``_exit`` around a graph's argument preparation, and ``call_size``,
+``call_stride`` and ``call_storage_offset`` for the dynamic sizes a graph
+takes (``dynamic=True``, automatic dynamic shapes).
 
 Each is ``torch._disable_dynamo``'s ``inner`` over a small function; the
 bytecode looks it up on the module at every call, so the module attribute
@@ -10,17 +13,19 @@ verified function, and do what ``inner`` does on its first call (make the
 C hook knows the wrapper to expect. The hooks follow the C runtime's switch
 on every call (the bytecode that calls them is shared by every compile).
 
-2.15's bytecode calls them only while a profiler is attached (it reads
-``torch.autograd.profiler._is_profiler_enabled`` first), and makes them plain
-functions whose frames the eval-frame hook skips: nothing runs per call to
-replace, so they stay upstream's there, and are not counted as a fallback.
+2.15's bytecode calls the pregraph pair only while a profiler is attached
+(it reads ``torch.autograd.profiler._is_profiler_enabled`` first), and makes
+them plain functions whose frames the eval-frame hook skips: nothing runs per
+call to replace, so they stay upstream's there, and are not counted as a
+fallback. The tensor-property three are replaced on every release.
 """
 
 from __future__ import annotations
 
 import types
 
-NAMES = (("record_pregraph_bytecode_enter", False), ("record_pregraph_bytecode_exit", True))
+PREGRAPH = ("record_pregraph_bytecode_enter", "record_pregraph_bytecode_exit")
+TENSOR_PROPERTIES = ("call_size", "call_stride", "call_storage_offset")
 
 
 def _inner_code(disable_dynamo) -> types.CodeType | None:
@@ -32,11 +37,10 @@ def _inner_code(disable_dynamo) -> types.CodeType | None:
     return nested[0] if len(nested) == 1 else None
 
 
-def install(release) -> list | str | None:
-    """Replace both hooks; the Replaced records, or why they stay upstream's
-    (None where the release's bytecode does not call them per call)."""
-    if not release.pregraph_per_call:
-        return None
+def install(release) -> list | str:
+    """Replace the helpers; the Replaced records, or why they stay
+    upstream's."""
+    names = (PREGRAPH if release.pregraph_per_call else ()) + TENSOR_PROPERTIES
     import torch
     import torch._compile
     import torch._dynamo
@@ -51,7 +55,7 @@ def install(release) -> list | str | None:
     if code is None or code.co_freevars != ("fn", "recursive"):
         return "torch._disable_dynamo's inner is not the verified one"
     hooks = []
-    for name, exit_ in NAMES:
+    for name in names:
         inner = utils.__dict__.get(name)
         if not isinstance(inner, types.FunctionType) or inner.__code__ is not code:
             return f"torch._dynamo.utils.{name} is not torch._disable_dynamo's inner"
@@ -64,5 +68,5 @@ def install(release) -> list | str | None:
             # what inner does on its first call
             wrapper = torch._dynamo.disable(fn, recursive, wrapping=False)
             fn.__dynamo_disable = wrapper
-        hooks.append((name, _C.PregraphHook(inner, fn, wrapper, _state._enabled, exit=exit_)))
+        hooks.append((name, _C.BytecodeHelper(inner, fn, wrapper, _state._enabled, name=name)))
     return [_state.replace(utils, name, hook) for name, hook in hooks]
