@@ -31,7 +31,8 @@ import torch._dynamo
 
 from benchmarks import _cases  # sets the TORCH_AOT_RT=0 default, loads torch_aot_rt
 
-E2E_VARIANTS = ("eager", "upstream", "c")
+# "graph": the eager-backend rows' floor, the captured GraphModule's own call
+E2E_VARIANTS = ("eager", "upstream", "c", "graph")
 
 
 def one_op(x):
@@ -213,7 +214,7 @@ class E2ECase:
         follow it on every call (Dynamo's pregraph bytecode hooks) run
         upstream's for the upstream variant, as its compile did."""
         rt = _cases.torch_aot_rt
-        if rt is None or variant == "eager":
+        if rt is None or variant in ("eager", "graph"):
             return contextlib.nullcontext()
         return rt.enabled(variant != "upstream")
 
@@ -298,6 +299,32 @@ def _compile(tag: str, flag: bool | None, x, context, warmup: int, backward=Fals
     return compiled, delta
 
 
+def _graph_floor(name, fn, x, context, warmup, backward):
+    """The eager backend's graph called alone: a copy of ``fn`` compiled by
+    a backend that does what ``eager`` does (returns ``gm.forward``) and
+    keeps the GraphModule and its example inputs; then ``gm.forward`` called
+    with them (``x`` for the tensor, the sizes as compiled), the one output
+    taken from the tuple Dynamo's graph returns."""
+    seen = []
+
+    def keep(gm, example_inputs):
+        seen.append((gm, list(example_inputs)))
+        return gm.forward
+
+    compiled = torch.compile(_fresh_copy(fn, f"{name}_graph"), backend=keep, fullgraph=True,
+                             dynamic=dynamic_of(name))
+    with context():
+        compiled(x)
+    (gm, example), = seen
+    args = [x if isinstance(e, torch.Tensor) else e for e in example]
+    forward = gm.forward
+
+    def graph(_x):
+        return forward(*args)[0]
+
+    return graph
+
+
 def build_e2e_case(name: str, *, warmup: int = 5) -> E2ECase:
     description, requires_grad, context, backward = ROWS[name]
     if name in MODULES:
@@ -315,6 +342,8 @@ def build_e2e_case(name: str, *, warmup: int = 5) -> E2ECase:
         f"{name}_upstream", False if have_c else None, x, context, warmup, backward, fn,
         backend_of(name), dynamic_of(name), module=fn("upstream") if name in MODULES else None,
     )
+    if backend_of(name) == "eager":
+        case.fns["graph"] = _graph_floor(name, fn, x, context, warmup, backward)
     if not have_c:
         case.c_note = _cases.C_UNAVAILABLE
     else:

@@ -250,23 +250,28 @@ def measure_whole(case_names, calls):
 def _table(title, per_call, group, names, variants, base):
     """One row per configuration: base, upstream, C; their overheads and
     ratio; and where measured (the C++ part loaded), the C core alone
-    ("C core": the C++ routes switched off in the same process)."""
+    ("C core": the C++ routes switched off in the same process); where a
+    row has a "graph" variant (the eager backend's GraphModule called alone),
+    its count and C's share of upstream's overhead over it ("C/up>graph")."""
     def f(x, w=9, p=0):
         return "n/a".rjust(w) if x is None else f"{x:{w}.{p}f}"
 
     print(title)
     width = max([22] + [len(n) + 1 for n in names])
     core = any((group, n, "c_core") in per_call for n in names)
+    graph = any((group, n, "graph") in per_call for n in names)
     cols = (
         f"{'configuration':<{width}}{base:>9}{'upstream':>10}{'C':>9}"
         f"{'ovh up':>9}{'ovh C':>9}{'ratio':>8}"
     )
     if core:
         cols += f"{'C core':>9}{'ovh core':>9}{'ratio':>8}"
+    if graph:
+        cols += f"{'graph':>9}{'C/up>graph':>11}"
     print(cols)
     print("-" * len(cols))
     for name in names:
-        d, u, c = (per_call.get((group, name, v)) for v in variants)
+        d, u, c = (per_call.get((group, name, v)) for v in variants[:3])
         ou = None if u is None or d is None else u - d
         oc = None if c is None or d is None else c - d
         ratio = None if oc is None or not ou else oc / ou
@@ -275,6 +280,10 @@ def _table(title, per_call, group, names, variants, base):
             k = per_call.get((group, name, "c_core"))
             ok = None if k is None or d is None else k - d
             line += f"{f(k)}{f(ok)}{f(None if ok is None or not ou else ok / ou, 8, 3)}"
+        if graph:
+            gr = per_call.get((group, name, "graph"))
+            share = None if gr is None or u is None or c is None or u == gr else (c - gr) / (u - gr)
+            line += f"{f(gr)}{f(share, 11, 3)}"
         print(line)
 
 

@@ -352,7 +352,7 @@ def main(argv=None):
         e2e = _e2e.build_e2e_cases()
         e2e_results = run_table(
             'end to end: torch.compile(backend="aot_eager") of x.sin(), 4 floats',
-            e2e, _e2e.E2E_VARIANTS, "eager",
+            e2e, _e2e.E2E_VARIANTS[:3], "eager",  # the timed rows: no graph floor
             rounds=args.rounds, target_s=target_s, check=_e2e.check_c_matches_upstream,
             context_of=lambda case: case.context,
         )
