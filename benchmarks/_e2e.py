@@ -31,7 +31,9 @@ import torch._dynamo
 
 from benchmarks import _cases  # sets the TORCH_AOT_RT=0 default, loads torch_aot_rt
 
-# "graph": the eager-backend rows' floor, the captured GraphModule's own call
+# "graph": a row's floor, the graph alone: the eager backend's captured
+# GraphModule, inductor's generated code (forward and, for a training step,
+# backward) called directly
 E2E_VARIANTS = ("eager", "upstream", "c", "graph")
 
 
@@ -204,7 +206,8 @@ class E2ECase:
         fn = self.fns.get(variant)
         if fn is None:
             return None
-        return _run(fn, self.x, self.backward)
+        # an inductor floor runs the generated backward itself
+        return _run(fn, self.x, self.backward and not getattr(fn, "includes_backward", False))
 
     def available(self):
         return tuple(v for v in E2E_VARIANTS if v in self.fns)
@@ -325,6 +328,46 @@ def _graph_floor(name, fn, x, context, warmup, backward):
     return graph
 
 
+def _inductor_floor(name, fn, x, context, warmup, backward, module):
+    """Inductor's generated code called alone: a copy compiled with the C
+    runtime off; one steady-state call (and backward) records each
+    ``CompiledFxGraph`` called, with its arguments; the floor calls their
+    ``current_callable`` (the generated ``call``) in that order, a fresh
+    list of the recorded arguments each (``call`` clears its list). No
+    autograd, no AOTAutograd, no Dynamo: the kernels, allocations and the
+    generated Python."""
+    from torch._inductor.output_code import CompiledFxGraph
+
+    compiled, _ = _compile(f"{name}_graph", False if _cases._C is not None else None, x,
+                           context, warmup, backward, fn, "inductor", dynamic_of(name),
+                           module=module)
+    recorded = []
+    own = CompiledFxGraph.__dict__["__call__"]
+
+    def record(self, inputs):
+        recorded.append((self.current_callable, list(inputs)))
+        return own(self, inputs)
+
+    CompiledFxGraph.__call__ = record
+    try:
+        with context(), (_cases.torch_aot_rt.enabled(False) if _cases.torch_aot_rt is not None
+                         else contextlib.nullcontext()):
+            _run(compiled, x, backward)()
+    finally:
+        CompiledFxGraph.__call__ = own
+    if len(recorded) != (2 if backward else 1):
+        raise RuntimeError(f"{name}: recorded {len(recorded)} generated calls")
+
+    def graph(_x):
+        out = None
+        for call, args in recorded:
+            out = call(list(args))
+        return out
+
+    graph.includes_backward = backward
+    return graph
+
+
 def build_e2e_case(name: str, *, warmup: int = 5) -> E2ECase:
     description, requires_grad, context, backward = ROWS[name]
     if name in MODULES:
@@ -344,6 +387,9 @@ def build_e2e_case(name: str, *, warmup: int = 5) -> E2ECase:
     )
     if backend_of(name) == "eager":
         case.fns["graph"] = _graph_floor(name, fn, x, context, warmup, backward)
+    elif backend_of(name) == "inductor" and name.startswith("rto_"):
+        case.fns["graph"] = _inductor_floor(name, fn, x, context, warmup, backward,
+                                            fn("graph") if name in MODULES else None)
     if not have_c:
         case.c_note = _cases.C_UNAVAILABLE
     else:
