@@ -137,6 +137,104 @@ def test_name_that_runs_code():
     assert delta["calls in C" if skips else "upstream calls: fn.__name__ may run code"] == 1
 
 
+class _CountingMeta(type):
+    """A metaclass whose __name__ is code: 2.13's wrapper evaluates
+    type(fn).__name__ (getattr's default) on every call."""
+    reads = 0
+
+    @property
+    def __name__(cls):
+        _CountingMeta.reads += 1
+        return "counted"
+
+
+class _TypeNamed(Recorder, metaclass=_CountingMeta):
+    @property
+    def name_reads(self):
+        return _CountingMeta.reads
+
+    @name_reads.setter
+    def name_reads(self, value):
+        _CountingMeta.reads = value
+
+
+def test_type_name_that_runs_code():
+    off, on, delta = _pair(_TypeNamed)
+    D.assert_same(off, on, "disable")
+    skips = torch_aot_rt._state.release().disable_skips_none_callback
+    assert off["name_reads"] == (0 if skips else 1)
+    assert delta["calls in C" if skips else "upstream calls: fn.__name__ may run code"] == 1
+
+
+class _Holder:
+    def __init__(self):
+        self.recorder = Recorder()
+
+    def method(self, *args, **kwargs):
+        return self.recorder(*args, **kwargs)
+
+
+def test_bound_method_in_c():
+    """A bound method (the eager backend's graph is gm.forward): its
+    __name__ is its function's, read without running code: in C."""
+    _requires_bound()
+    records = []
+    for use_c in (False, True):
+        holder = _Holder()
+        wrapper = torch._dynamo.disable(holder.method, reason="test")
+        call = torch_aot_rt._C.DisabledCall(wrapper) if use_c else wrapper
+        before = dict(_counts())
+        records.append(_observe(call, holder.recorder))
+        after = _counts()
+    delta = {k: after[k] - before[k] for k in after if k != "unavailable" and after[k] != before[k]}
+    D.assert_same(records[0], records[1], "disable")
+    assert delta == {"calls in C": 1}, delta
+
+
+@pytest.mark.parametrize("args", [[1, 2], (1, 2), 5], ids=["list", "tuple", "not-a-sequence"])
+def test_boxed_function(args):
+    """make_boxed_func's g under a disable wrapper (what inductor returns for
+    a graph it leaves to the GraphModule, such as a + 1's backward): C calls
+    its f with the arguments unpacked, without g's frame; anything but one
+    list or tuple calls g (its error word for word)."""
+    import sys
+
+    from torch._functorch._aot_autograd.utils import make_boxed_func
+
+    class Plain(Recorder):  # the same repr in both runs (the error names f)
+        def __repr__(self):
+            return "recorder"
+
+    _requires_bound()
+    records, frames = [], []
+    for use_c in (False, True):
+        rec = Plain()
+        wrapper = torch._dynamo.disable(make_boxed_func(rec), reason="test")
+        call = torch_aot_rt._C.DisabledCall(wrapper) if use_c else wrapper
+        seen = []
+
+        def profile(frame, event, arg, seen=seen):
+            if event == "call" and frame.f_code.co_name == "g":
+                seen.append(frame.f_code.co_filename.endswith("utils.py"))
+
+        before = dict(_counts())
+        sys.setprofile(profile)
+        try:
+            out = ("ok", call(args))
+        except Exception as e:  # noqa: BLE001 - the exception is the observation
+            out = ("raised", D.error_record(e))
+        finally:
+            sys.setprofile(None)
+        after = _counts()
+        records.append({"out": out, "calls": rec.calls,
+                        "after": repr(c_eval_frame.get_eval_frame_callback())})
+        frames.append(seen)
+    D.assert_same(records[0], records[1], "disable")
+    assert after["calls in C"] - before["calls in C"] == 1
+    assert frames[0] == [True]
+    assert frames[1] == ([] if isinstance(args, (list, tuple)) else [True]), frames
+
+
 def test_only_disable_wrappers():
     _requires_bound()
     with pytest.raises(TypeError, match="disable wrapper"):

@@ -201,12 +201,33 @@ def _compiled_step(kind, use_c):
     torch._dynamo.reset()
     torch.manual_seed(0)
     with D.runtime(use_c):
-        if kind == "function_inductor":
-            g = torch.compile(lambda a: a + 1, backend="inductor")
+        if kind in ("function_inductor", "function_eager_backend"):
+            g = torch.compile(lambda a: a + 1, backend=kind.split("_")[1])
             x = torch.ones(2)
 
             def step():
                 g(x)
+        elif kind == "function_inductor_inference_mode":
+            g = torch.compile(lambda a: a + 1, backend="inductor")
+            x = torch.ones(2)
+
+            def step():
+                with torch.inference_mode():
+                    g(x)
+        elif kind == "function_inductor_backward":
+            g = torch.compile(lambda a: a + 1, backend="inductor")
+            x = torch.ones(2, requires_grad=True)
+            grad = torch.ones(2)
+
+            def step():
+                g(x).backward(grad)
+        elif kind == "module_training_inductor":
+            m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+            cm = torch.compile(m, backend="inductor")
+            x = torch.randn(3, 8)
+
+            def step():
+                cm(x).sum().backward()
         elif kind == "function_dynamic_aot_eager":
             # dynamic=True: the config patcher among the enter hooks, and the
             # bytecode's call_size for the graph's symbolic size
@@ -229,15 +250,17 @@ def _compiled_step(kind, use_c):
 
 
 @pytest.mark.skipif(not D.C_ENABLED, reason="needs the C path")
-@pytest.mark.parametrize("kind", ["function_inductor", "function_dynamic_aot_eager",
-                                  "module_training_aot_eager"])
+@pytest.mark.parametrize("kind", ["function_inductor", "function_inductor_inference_mode",
+                                  "function_inductor_backward", "function_eager_backend",
+                                  "function_dynamic_aot_eager", "module_training_aot_eager",
+                                  "module_training_inductor"])
 def test_whole_call_frames(kind):
     """A steady-state call runs no Python of Dynamo's, AOTAutograd's or
     inductor's beyond the frame Dynamo transformed and the graph itself,
     where every layer is mirrored (2.13 on); on 2.12 Dynamo's
     compile_wrapper stays upstream's, on 2.11 every layer but AOTAutograd's
     runtime wrapper and CompiledFunction: fewer frames than upstream's."""
-    if kind == "function_inductor":
+    if "inductor" in kind:
         pytest.importorskip("torch._inductor")
     upstream = _whole_call_frames_checked(kind, use_c=False)
     ours = _compiled_step(kind, use_c=True)

@@ -77,6 +77,7 @@ def install(release) -> str | None:
         return "torch.compiler.is_exporting is not the verified one"
     _C._bind_disable(
         fn_code=code,
+        boxed_code=_boxed_code(),
         fn_cell=_FN_FREEVARS.index("fn"),
         ctx_cell=_FN_FREEVARS.index("self"),
         DisableContext=eval_frame.DisableContext,
@@ -89,6 +90,21 @@ def install(release) -> str | None:
         skips_none_callback=release.disable_skips_none_callback,
     )
     return None
+
+
+def _boxed_code():
+    """The code of make_boxed_func's ``g`` (``return f(*args)``, f its one
+    free variable): a DisabledCall over it calls f with the list unpacked,
+    without g's frame; None where it is not that."""
+    import types
+
+    from torch._functorch._aot_autograd.utils import make_boxed_func
+
+    nested = [c for c in make_boxed_func.__code__.co_consts
+              if isinstance(c, types.CodeType) and c.co_name == "g"]
+    if len(nested) != 1 or nested[0].co_freevars != ("f",) or nested[0].co_argcount != 1:
+        return None
+    return nested[0]
 
 
 GRAPH_GLOBAL_PREFIX = "__compiled_fn"

@@ -60,11 +60,20 @@ global_is(PyObject *globals, PyObject *name, PyObject *expected)
     return v == expected;
 }
 
-/* getattr(fn, "__name__", ...) runs no code: generic attribute look-up, and
- * any __name__ on the type is a plain value or a C getset/member. */
+/* getattr(fn, "__name__", type(fn).__name__) runs no code: the default's
+ * look-up on type(fn) is type's own (its metaclass is type), and fn's is
+ * generic with any __name__ on its type a plain value or a C getset/member;
+ * a bound method (the eager backend's graph, gm.forward) forwards it to its
+ * function where the method type has no __name__ (method_getattro). */
 static int
 name_lookup_is_pure(rt_disable_state *ds, PyObject *fn)
 {
+    if (!Py_IS_TYPE(Py_TYPE(fn), &PyType_Type)) {
+        return 0;
+    }
+    if (PyMethod_Check(fn) && _PyType_Lookup(&PyMethod_Type, ds->str_name) == NULL) {
+        fn = PyMethod_GET_FUNCTION(fn);
+    }
     PyTypeObject *tp = Py_TYPE(fn);
     if (tp->tp_getattro != PyObject_GenericGetAttr) {
         return 0;
@@ -222,6 +231,42 @@ restore_prior:
     return result;
 }
 
+/* fn is make_boxed_func's g (torch/_functorch/_aot_autograd/utils.py;
+ * what inductor returns for a graph it leaves to the GraphModule, such as
+ * a backward that only passes gradients through), called with one list or
+ * tuple: its f (borrowed), whose call g's body makes, `f(*args)`; NULL
+ * otherwise (g is called). */
+static PyObject *
+boxed_target(rt_disable_state *ds, PyObject *fn, PyObject *const *argv, size_t nargsf,
+             PyObject *kwnames)
+{
+    /* (boxed_code None, or NULL unbound, is never fn's code) */
+    if (!PyFunction_Check(fn) || PyFunction_GET_CODE(fn) != ds->boxed_code || kwnames != NULL ||
+        PyVectorcall_NARGS(nargsf) != 1 ||
+        !(PyList_CheckExact(argv[0]) || PyTuple_CheckExact(argv[0]))) {
+        return NULL;
+    }
+    PyObject *closure = PyFunction_GET_CLOSURE(fn);
+    if (closure == NULL || !PyTuple_Check(closure) || PyTuple_GET_SIZE(closure) != 1) {
+        return NULL;
+    }
+    return PyCell_GET(PyTuple_GET_ITEM(closure, 0));
+}
+
+/* g's body: f(*args), the list copied to a tuple as the call unpacks it */
+static PyObject *
+call_unboxed(PyObject *f, PyObject *const *argv, size_t Py_UNUSED(nargsf),
+             PyObject *Py_UNUSED(kwnames))
+{
+    PyObject *args = PyTuple_CheckExact(argv[0]) ? Py_NewRef(argv[0]) : PyList_AsTuple(argv[0]);
+    if (args == NULL) {
+        return NULL;
+    }
+    PyObject *result = PyObject_Call(f, args, NULL);
+    Py_DECREF(args);
+    return result;
+}
+
 static PyObject *
 DisabledCall_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObject *kwnames)
 {
@@ -235,6 +280,10 @@ DisabledCall_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyOb
     ds->counts[path]++;
     if (path != RT_DISABLE_CALL_C) {
         return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
+    }
+    PyObject *f = boxed_target(ds, fn, argv, nargsf, kwnames);
+    if (f != NULL) {
+        return rt_disable_run(ds, call_unboxed, f, argv, nargsf, kwnames);
     }
     return rt_disable_run(ds, PyObject_Vectorcall, fn, argv, nargsf, kwnames);
 }
@@ -390,6 +439,7 @@ rt_disable_wrapper_for_py(PyObject *module, PyObject *obj)
 #define DISABLE_OBJECTS(X)                                                    \
     X(fn_code) X(DisableContext) X(eval_frame_globals) X(torch) X(compiler)   \
     X(compiler_globals) X(set_eval_frame) X(callback_from_stance) X(is_exporting) \
+    X(boxed_code)                                                             \
     X(str_callback) X(str_stance_global) X(str_stance) X(str_default)         \
     X(str_set_eval_frame) X(str_maybe_set_eval_frame) X(str_callback_from_stance) \
     X(str_torch) X(str_compiler) X(str_is_exporting) X(str_is_exporting_flag) \
@@ -419,16 +469,21 @@ rt_bind_disable(PyObject *module, PyObject *args, PyObject *kwargs)
     static char *keywords[] = {"fn_code", "fn_cell", "ctx_cell", "DisableContext",
                                "eval_frame", "torch", "compiler", "set_eval_frame",
                                "callback_from_stance", "is_exporting",
-                               "skips_none_callback", NULL};
+                               "skips_none_callback", "boxed_code", NULL};
     PyObject *code, *cls, *eval_frame, *torch, *compiler, *set_eval_frame, *from_stance,
-        *is_exporting;
+        *is_exporting, *boxed_code;
     Py_ssize_t fn_cell, ctx_cell;
     int skips;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$O!nnO!O!O!O!OOOp:_bind_disable",
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$O!nnO!O!O!O!OOOpO:_bind_disable",
                                      keywords, &PyCode_Type, &code, &fn_cell, &ctx_cell,
                                      &PyType_Type, &cls, &PyModule_Type, &eval_frame,
                                      &PyModule_Type, &torch, &PyModule_Type, &compiler,
-                                     &set_eval_frame, &from_stance, &is_exporting, &skips)) {
+                                     &set_eval_frame, &from_stance, &is_exporting, &skips,
+                                     &boxed_code)) {
+        return NULL;
+    }
+    if (boxed_code != Py_None && !PyCode_Check(boxed_code)) {
+        PyErr_SetString(PyExc_TypeError, "_bind_disable: boxed_code must be a code object or None");
         return NULL;
     }
     if (fn_cell < 0 || ctx_cell < 0) {
@@ -474,6 +529,7 @@ rt_bind_disable(PyObject *module, PyObject *args, PyObject *kwargs)
     ds->callback_from_stance = Py_NewRef(from_stance);
     ds->is_exporting = Py_NewRef(is_exporting);
     ds->skips_none_callback = skips != 0;
+    ds->boxed_code = Py_NewRef(boxed_code);
     ds->fn_code = Py_NewRef(code); /* last: it marks the state bound */
     Py_RETURN_NONE;
 }

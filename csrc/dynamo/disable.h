@@ -44,6 +44,7 @@ typedef struct {
     PyObject *set_eval_frame;      /* torch._C._dynamo.eval_frame.set_eval_frame */
     PyObject *callback_from_stance;
     PyObject *is_exporting;        /* torch.compiler.is_exporting */
+    PyObject *boxed_code;          /* make_boxed_func's g, or None */
     /* 2.14: the stance's callback is installed, and the prior one restored,
      * only when not None; __name__ is looked up only when exporting. */
     bool skips_none_callback;
