@@ -131,8 +131,9 @@ static PyMethodDef module_methods[] = {
      PyDoc_STR("_graph_call_stats(reset=False)\nCalls of the C CompiledFxGraph.__call__ by "
                "path; reset zeroes the counts.")},
     {"_helper_stats", (PyCFunction)(void (*)(void))rt_helper_stats, METH_FASTCALL,
-     PyDoc_STR("_helper_stats(reset=False)\nCalls of the C record_pregraph_bytecode_enter/"
-               "exit by path; reset zeroes the counts.")},
+     PyDoc_STR("_helper_stats(reset=False)\nCalls of the C torch._dynamo.utils helpers "
+               "(record_pregraph_bytecode_enter/exit, call_size, call_stride, "
+               "call_storage_offset) by path; reset zeroes the counts.")},
     {"_bind_torch", (PyCFunction)(void (*)(void))bind_torch, METH_VARARGS | METH_KEYWORDS,
      PyDoc_STR("_bind_torch(*, opaque_type_check, opaque_base, external_objects, "
                "external_objects_type, external_objects_setter, input_grad_buffers, cpp)\n"

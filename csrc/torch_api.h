@@ -116,7 +116,7 @@ typedef struct rt_state {
     PyTypeObject *SerializableCallType;   /* serializable_call.c */
     PyTypeObject *ParamsPrependType;      /* params_prepend.c */
     PyTypeObject *DisabledCallType;       /* dynamo/disable.c */
-    PyTypeObject *BytecodeHelperType;       /* dynamo/bytecode_helper.c */
+    PyTypeObject *BytecodeHelperType;     /* dynamo/bytecode_helper.c */
     PyTypeObject *CompileWrapperType;     /* dynamo/compile_wrapper.c */
     PyTypeObject *ModuleCallType;         /* dynamo/optimized_module.c */
     rt_cw_state cw;

@@ -155,7 +155,7 @@ exit_body(PyObject *op, PyObject *const *argv, size_t Py_UNUSED(nargsf),
 static PyObject *
 method_body(PyObject *op, PyObject *const *argv, size_t nargsf, PyObject *Py_UNUSED(kwnames))
 {
-    return PyObject_VectorcallMethod(((BytecodeHelper *)op)->method, (PyObject **)argv,
+    return PyObject_VectorcallMethod(((BytecodeHelper *)op)->method, argv,
                                      PyVectorcall_NARGS(nargsf), NULL);
 }
 

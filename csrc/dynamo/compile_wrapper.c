@@ -135,28 +135,6 @@ is_config_patcher(rt_cw_state *cw, PyObject *h)
     return PyDict_CheckExact(PyCell_GET(PyTuple_GET_ITEM(closure, 0)));
 }
 
-/* What one enter hook left for the exit: a config patcher's revert state,
- * or what a hook called as Python returned (call); neither for
- * torch.compile's own (its cleanup `nothing` does nothing). */
-typedef struct {
-    rt_config_patch patch;
-    PyObject *call;
-} cw_cleanup;
-
-static int
-cw_cleanup_run(rt_state *st, cw_cleanup *cl)
-{
-    if (cl->patch.prior != NULL) {
-        return rt_config_patch_exit(st, &cl->patch);
-    }
-    if (cl->call != NULL) {
-        PyObject *r = PyObject_CallNoArgs(cl->call);
-        Py_XDECREF(r);
-        return r == NULL ? -1 : 0;
-    }
-    return 0;
-}
-
 /* hooks (self.enter_exit_hooks) are the ones a call in C runs: a list of at
  * most CW_MAX_HOOKS, torch.compile's own once (after its first run), config
  * patchers otherwise */
@@ -379,6 +357,32 @@ do1(PyObject *f, PyObject *arg)
     PyObject *r = call1(f, arg);
     Py_XDECREF(r);
     return r != NULL ? 0 : -1;
+}
+
+/* f() whose result is dropped: 0, or -1 with an exception */
+static int
+do0(PyObject *f)
+{
+    PyObject *r = PyObject_CallNoArgs(f);
+    Py_XDECREF(r);
+    return r != NULL ? 0 : -1;
+}
+
+/* What one enter hook left for the exit: a config patcher's revert state,
+ * or what a hook called as Python returned (call); neither for
+ * torch.compile's own (its cleanup `nothing` does nothing). */
+typedef struct {
+    rt_config_patch patch;
+    PyObject *call;
+} cw_cleanup;
+
+static int
+cw_cleanup_run(rt_state *st, cw_cleanup *cl)
+{
+    if (cl->patch.prior != NULL) {
+        return rt_config_patch_exit(st, &cl->patch);
+    }
+    return cl->call != NULL ? do0(cl->call) : 0;
 }
 
 /* The except clauses around fn's call, on the pending exception. */
@@ -655,12 +659,8 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
         }
         keys_entered = 1;
     }
-    else {
-        PyObject *r = PyObject_CallNoArgs(cw->save_keys);
-        if (r == NULL) {
-            goto done;
-        }
-        Py_DECREF(r);
+    else if (do0(cw->save_keys) < 0) {
+        goto done;
     }
 
     /* try: result = fn(*args, **kwargs) */
@@ -715,9 +715,7 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
             ok = cw_cleanup_run(self->st, &cleanups[i]) == 0;
         }
         for (Py_ssize_t i = 0; ok && more_cleanups && i < PyList_GET_SIZE(more_cleanups); i++) {
-            PyObject *r = PyObject_CallNoArgs(PyList_GET_ITEM(more_cleanups, i));
-            ok = r != NULL;
-            Py_XDECREF(r);
+            ok = do0(PyList_GET_ITEM(more_cleanups, i)) == 0;
         }
         if (rt_finally_end(&saved, ok) < 0) {
             Py_CLEAR(result);
@@ -733,9 +731,7 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
         /* finally: torch._C._dynamo_restore_local_dispatch_key_set() */
         rt_pending_error saved;
         rt_finally_begin(&saved);
-        PyObject *r = PyObject_CallNoArgs(cw->restore_keys);
-        Py_XDECREF(r);
-        if (rt_finally_end(&saved, r != NULL) < 0) {
+        if (rt_finally_end(&saved, do0(cw->restore_keys) == 0) < 0) {
             Py_CLEAR(result);
         }
     }
