@@ -302,7 +302,7 @@ def _compile(tag: str, flag: bool | None, x, context, warmup: int, backward=Fals
     return compiled, delta
 
 
-def _graph_floor(name, fn, x, context, warmup, backward):
+def _graph_floor(name, fn, x, context):
     """The eager backend's graph called alone: a copy of ``fn`` compiled by
     a backend that does what ``eager`` does (returns ``gm.forward``) and
     keeps the GraphModule and its example inputs; then ``gm.forward`` called
@@ -398,7 +398,7 @@ def build_e2e_case(name: str, *, warmup: int = 5) -> E2ECase:
         backend_of(name), dynamic_of(name), module=fn("upstream") if name in MODULES else None,
     )
     if backend_of(name) == "eager":
-        case.fns["graph"] = _graph_floor(name, fn, x, context, warmup, backward)
+        case.fns["graph"] = _graph_floor(name, fn, x, context)
     elif backend_of(name) == "inductor" and name.startswith("rto_"):
         floor = _inductor_floor(name, fn, x, context, warmup, backward,
                                 fn("graph") if name in MODULES else None)

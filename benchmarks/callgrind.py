@@ -251,7 +251,8 @@ def _table(title, per_call, group, names, variants, base):
     """One row per configuration: base, upstream, C; their overheads and
     ratio; and where measured (the C++ part loaded), the C core alone
     ("C core": the C++ routes switched off in the same process); where a
-    row has a "graph" variant (the eager backend's GraphModule called alone),
+    row has a "graph" variant (its graph called alone: the eager backend's
+    GraphModule, inductor's generated code),
     its count and C's share of upstream's overhead over it ("C/up>graph")."""
     def f(x, w=9, p=0):
         return "n/a".rjust(w) if x is None else f"{x:{w}.{p}f}"

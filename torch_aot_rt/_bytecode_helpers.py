@@ -28,15 +28,6 @@ PREGRAPH = ("record_pregraph_bytecode_enter", "record_pregraph_bytecode_exit")
 TENSOR_PROPERTIES = ("call_size", "call_stride", "call_storage_offset")
 
 
-def _inner_code(disable_dynamo) -> types.CodeType | None:
-    """The code of ``_disable_dynamo``'s ``inner``."""
-    nested = [
-        c for c in disable_dynamo.__code__.co_consts
-        if isinstance(c, types.CodeType) and c.co_name == "inner"
-    ]
-    return nested[0] if len(nested) == 1 else None
-
-
 def install(release) -> list | str:
     """Replace the helpers; the Replaced records, or why they stay
     upstream's."""
@@ -51,7 +42,7 @@ def install(release) -> list | str:
     unavailable = _state.disable_unavailable()
     if unavailable is not None:
         return f"the disable wrapper is not mirrored: {unavailable}"
-    code = _inner_code(torch._compile._disable_dynamo)
+    code = _state.nested_code(torch._compile._disable_dynamo.__code__, "inner")
     if code is None or code.co_freevars != ("fn", "recursive"):
         return "torch._disable_dynamo's inner is not the verified one"
     hooks = []

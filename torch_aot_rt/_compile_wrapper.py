@@ -12,14 +12,8 @@ and what it calls are the verified ones and bind what the C version reads.
 from __future__ import annotations
 
 import functools
-import types
 
 CELLS = ("callback", "fn", "is_fx_symbolic_tracing", "is_jit_tracing", "self")
-
-
-def _nested(code: types.CodeType, name: str) -> types.CodeType | None:
-    found = [c for c in code.co_consts if isinstance(c, types.CodeType) and c.co_name == name]
-    return found[0] if len(found) == 1 else None
 
 
 def install(release) -> list | str:
@@ -42,15 +36,15 @@ def install(release) -> list | str:
     cls = eval_frame._TorchDynamoContext
     upstream = cls.__dict__.get("__call__")
     upstream_code = getattr(upstream, "__code__", None)
-    code = _nested(upstream_code, "compile_wrapper") if upstream_code is not None else None
+    code = _state.nested_code(upstream_code, "compile_wrapper") if upstream_code is not None else None
     if code is None or code.co_freevars != CELLS:
         return "_TorchDynamoContext.__call__'s compile_wrapper is not the verified one"
-    call_on_enter = _nested(cls.__init__.__code__, "call_on_enter")
-    on_enter = _nested(eval_frame.OptimizeContext.__init__.__code__, "on_enter")
+    call_on_enter = _state.nested_code(cls.__init__.__code__, "call_on_enter")
+    on_enter = _state.nested_code(eval_frame.OptimizeContext.__init__.__code__, "on_enter")
     if call_on_enter is None or call_on_enter.co_freevars != ("on_enter",) or on_enter is None:
         return "the enter hook of torch.compile's context is not the verified one"
     # dynamic= / dynamic_shapes= add config patchers to the enter hooks
-    patcher = _nested(ConfigModule._make_closure_patcher.__code__, "change")
+    patcher = _state.nested_code(ConfigModule._make_closure_patcher.__code__, "change")
     if patcher is None:
         return "ConfigModule._make_closure_patcher is not the verified one"
     keys_cpp = release.compile_wrapper_cpp_key_stack

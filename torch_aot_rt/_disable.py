@@ -20,6 +20,8 @@ from __future__ import annotations
 import inspect
 import types
 
+from . import _state
+
 # What _fn reads (its code's names) on every verified release.
 _FN_NAMES = frozenset(
     {
@@ -35,13 +37,9 @@ def _wrapper_code(context_cls) -> types.CodeType | str:
     """The code of ``context_cls.__call__``'s ``_fn``, or why it is not the
     verified one."""
     call = getattr(context_cls.__dict__.get("__call__"), "__code__", None)
-    nested = [
-        c for c in (call.co_consts if call else ())
-        if isinstance(c, types.CodeType) and c.co_name == "_fn"
-    ]
-    if len(nested) != 1:
+    code = _state.nested_code(call, "_fn") if call is not None else None
+    if code is None:
         return "DisableContext.__call__ defines no single _fn"
-    code = nested[0]
     flags = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
     if (
         code.co_freevars != _FN_FREEVARS
@@ -96,15 +94,12 @@ def _boxed_code():
     """The code of make_boxed_func's ``g`` (``return f(*args)``, f its one
     free variable): a DisabledCall over it calls f with the list unpacked,
     without g's frame; None where it is not that."""
-    import types
-
     from torch._functorch._aot_autograd.utils import make_boxed_func
 
-    nested = [c for c in make_boxed_func.__code__.co_consts
-              if isinstance(c, types.CodeType) and c.co_name == "g"]
-    if len(nested) != 1 or nested[0].co_freevars != ("f",) or nested[0].co_argcount != 1:
+    code = _state.nested_code(make_boxed_func.__code__, "g")
+    if code is None or code.co_freevars != ("f",) or code.co_argcount != 1:
         return None
-    return nested[0]
+    return code
 
 
 GRAPH_GLOBAL_PREFIX = "__compiled_fn"
@@ -118,7 +113,7 @@ def install_graph_globals():
     on. Returns the ``_state.Replaced`` record, or why not."""
     import torch._dynamo.output_graph as output_graph
 
-    from . import _C, _state
+    from . import _C
 
     if _state.disable_unavailable() is not None:
         return f"the disable wrapper is not mirrored: {_state.disable_unavailable()}"

@@ -342,8 +342,8 @@ def _replace_layers(rw) -> list:
     import torch._functorch.aot_autograd as aot_autograd
 
     from . import (
-        _compile_wrapper, _disable, _guards, _inductor, _bytecode_helpers, _prepend, _serializable,
-        _subclass, _wrappers,
+        _bytecode_helpers, _compile_wrapper, _disable, _guards, _inductor, _prepend,
+        _serializable, _subclass, _wrappers,
     )
 
     replaced = []

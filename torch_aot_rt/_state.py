@@ -115,6 +115,16 @@ class Replaced(NamedTuple):
     ours: Any
 
 
+def nested_code(code, name: str):
+    """The one code object named ``name`` among ``code``'s constants (a
+    function defined inside the one ``code`` runs), or None (none, or
+    several)."""
+    import types
+
+    found = [c for c in code.co_consts if isinstance(c, types.CodeType) and c.co_name == name]
+    return found[0] if len(found) == 1 else None
+
+
 def replace(owner: Any, name: str, ours) -> Replaced:
     """Set ``owner.name = ours``; the record :func:`restore` undoes."""
     replaced = Replaced(owner, name, owner.__dict__[name], ours)
