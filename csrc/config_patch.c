@@ -1,7 +1,7 @@
 /* config_patch.c: ConfigModule._make_closure_patcher's change and revert
- * (torch/utils/_config_module.py, 2.13 on), which compile_wrapper's enter
- * hooks run on every call of a function compiled with dynamic= or
- * dynamic_shapes=:
+ * (torch/utils/_config_module.py), which compile_wrapper's enter hooks run
+ * on every call of a function compiled with dynamic= or dynamic_shapes=.
+ * 2.13 on:
  *
  *     def change():
  *         prior = {k: config[k].user_override.get() for k in changes}
@@ -21,6 +21,11 @@
  *         dirty.add(name)
  *         if len(dirty) > self._GET_DICT_DIRTY_KEYS_CAP:
  *             self._get_dict_dirty_keys_var.set(None)
+ *
+ * 2.12's change and revert set self._config[k].user_override (self._config
+ * read for each key), nothing marked dirty; 2.11's assign it, a plain
+ * attribute (self._config[k].user_override = v; prior reads
+ * config[k].user_override).
  *
  * Every step here is the object-protocol call the bytecode makes (item,
  * attribute, method call, len, comparison), so it is exact for any object
@@ -93,18 +98,34 @@ mark_dirty(rt_config_reader *r, PyObject *self, PyObject *name)
 }
 
 /* config[k].user_override.set(v); self._hash_dirty_var.set(True);
- * self._mark_get_dict_dirty(k) */
+ * self._mark_get_dict_dirty(k) (2.12: self._config[k].user_override.set(v);
+ * 2.11: self._config[k].user_override = v) */
 static int
-apply_one(rt_config_reader *r, PyObject *self, PyObject *config, PyObject *k, PyObject *v)
+apply_one(rt_state *st, rt_config_patch *p, PyObject *k, PyObject *v)
 {
-    PyObject *entry = PyObject_GetItem(config, k);
-    PyObject *var = entry ? PyObject_GetAttr(entry, r->str_user_override) : NULL;
-    Py_XDECREF(entry);
-    int rc = var ? call_method1(var, r->str_set, v) : -1;
-    Py_XDECREF(var);
-    if (rc < 0) {
+    rt_cw_state *n = &st->cw;
+    PyObject *self = p->self;
+    int marked = p->form == RT_PATCH_VAR_MARKED;
+    PyObject *config = marked ? Py_NewRef(p->config) : PyObject_GetAttr(self, n->str_config);
+    PyObject *entry = config ? PyObject_GetItem(config, k) : NULL;
+    Py_XDECREF(config);
+    if (entry == NULL) {
         return -1;
     }
+    int rc;
+    if (p->form == RT_PATCH_ATTRIBUTE) {
+        rc = PyObject_SetAttr(entry, n->str_user_override, v);
+        Py_DECREF(entry);
+        return rc;
+    }
+    PyObject *var = PyObject_GetAttr(entry, n->str_user_override);
+    Py_DECREF(entry);
+    rc = var ? call_method1(var, n->str_set, v) : -1;
+    Py_XDECREF(var);
+    if (rc < 0 || !marked) {
+        return rc;
+    }
+    rt_config_reader *r = &st->config_reader;
     PyObject *hash_var = PyObject_GetAttr(self, r->str_hash_dirty_var);
     rc = hash_var ? call_method1(hash_var, r->str_set, Py_True) : -1;
     Py_XDECREF(hash_var);
@@ -114,14 +135,14 @@ apply_one(rt_config_reader *r, PyObject *self, PyObject *config, PyObject *k, Py
 /* for k, v in pairs.items(): apply_one(...), pairs an exact dict nothing
  * else holds while this runs (changes: the call's own **kwargs; prior: ours) */
 static int
-apply_all(rt_config_reader *r, PyObject *self, PyObject *config, PyObject *pairs)
+apply_all(rt_state *st, rt_config_patch *p, PyObject *pairs)
 {
     Py_ssize_t pos = 0;
     PyObject *k, *v;
     while (PyDict_Next(pairs, &pos, &k, &v)) {
         Py_INCREF(k);
         Py_INCREF(v);
-        int rc = apply_one(r, self, config, k, v);
+        int rc = apply_one(st, p, k, v);
         Py_DECREF(k);
         Py_DECREF(v);
         if (rc < 0) {
@@ -132,10 +153,11 @@ apply_all(rt_config_reader *r, PyObject *self, PyObject *config, PyObject *pairs
 }
 
 int
-rt_config_patch_enter(rt_state *st, PyObject *closure, rt_config_patch *p)
+rt_config_patch_enter(rt_state *st, PyObject *closure, rt_patch_form form, rt_config_patch *p)
 {
-    rt_config_reader *r = &st->config_reader;
+    rt_cw_state *n = &st->cw;
     p->self = p->config = p->prior = NULL;
+    p->form = form;
     if (closure == NULL || !PyTuple_Check(closure) || PyTuple_GET_SIZE(closure) != 3) {
         PyErr_SetString(PyExc_SystemError, "a config patcher without its three cells");
         return -1;
@@ -157,14 +179,17 @@ rt_config_patch_enter(rt_state *st, PyObject *closure, rt_config_patch *p)
     if (p->prior == NULL) {
         return -1;
     }
-    /* prior = {k: config[k].user_override.get() for k in changes} */
+    /* prior = {k: config[k].user_override.get() for k in changes}
+     * (2.11: config[k].user_override) */
     Py_ssize_t pos = 0;
     PyObject *k, *v;
     while (PyDict_Next(changes, &pos, &k, &v)) {
         Py_INCREF(k);
         PyObject *entry = PyObject_GetItem(config, k);
-        PyObject *var = entry ? PyObject_GetAttr(entry, r->str_user_override) : NULL;
-        PyObject *old = var ? PyObject_CallMethodNoArgs(var, r->str_get) : NULL;
+        PyObject *var = entry ? PyObject_GetAttr(entry, n->str_user_override) : NULL;
+        PyObject *old = var == NULL || form == RT_PATCH_ATTRIBUTE
+                            ? Py_XNewRef(var)
+                            : PyObject_CallMethodNoArgs(var, n->str_get);
         int rc = old ? PyDict_SetItem(p->prior, k, old) : -1;
         Py_XDECREF(entry);
         Py_XDECREF(var);
@@ -174,13 +199,13 @@ rt_config_patch_enter(rt_state *st, PyObject *closure, rt_config_patch *p)
             return -1;
         }
     }
-    return apply_all(r, self, config, changes);
+    return apply_all(st, p, changes);
 }
 
 int
 rt_config_patch_exit(rt_state *st, rt_config_patch *p)
 {
-    return apply_all(&st->config_reader, p->self, p->config, p->prior);
+    return apply_all(st, p, p->prior);
 }
 
 void

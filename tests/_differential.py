@@ -320,42 +320,6 @@ RELEASE = _release()
 # Subclass graphs get the C subclass wrapper and C CompiledFunction (2.13 on;
 # 2.12's stay upstream's, counted).
 SUBCLASS_IN_C = RELEASE is None or RELEASE.subclass_wrapper_mirrored
-# The per-call layers other than the runtime wrapper and CompiledFunction
-# (compiler wrappers, subclass wrapper, SerializableCompiledFunction, params
-# prepend, saved-tensors-hooks guard, torch._dynamo.disable's wrapper) are
-# ours (2.12 on); on 2.11 they all stay upstream's, counted once, at install
-# (LAYERS_UPSTREAM), and none of them is replaced.
-LAYERS_MIRRORED = RELEASE is None or RELEASE.per_call_layers_mirrored
-LAYERS_UPSTREAM = "other per-call layers: not mirrored for torch"
-_LAYER_CLASSES = ("AOTDedupeWrapper", "AOTSyntheticBaseWrapper", "EffectTokensWrapper",
-                  "FunctionalizedRngRuntimeWrapper", "FakifiedOutWrapper", "DebugAssertWrapper",
-                  "AOTDispatchSubclassWrapper")
-
-
-def check_layers_upstream(run=None) -> None:
-    """On a release whose other per-call layers stay upstream's (2.11), with
-    the C path on: install left every one of them upstream's and said so
-    (the install-time record behind the counted LAYERS_UPSTREAM reason), and
-    ``run`` (a C-path run) built none of them nor counted a per-compile reason
-    for one. Fails where they are ours (2.12 on)."""
-    assert not LAYERS_MIRRORED and C_ENABLED
-    name = RELEASE.name
-    assert _state.installed["disable"] == f"not mirrored for torch {name}", _state.installed
-    assert torch_aot_rt.stats()["dynamo_disable"]["unavailable"] == f"not mirrored for torch {name}"
-    replaced = {(r.owner, r.name) for r in _state.installed["replaced"]}
-    for cls_name in _LAYER_CLASSES:
-        cls = getattr(rw, cls_name)
-        assert (cls, "post_compile") not in replaced, cls_name
-        assert cls.__dict__["post_compile"].__module__ == rw.__name__, cls_name
-    assert (rw.SerializableCompiledFunction, "__init__") not in replaced
-    if run is not None:
-        for key in ("wrappers", "subclass_wrappers", "guards", "serializable_functions",
-                    "params_prepends"):
-            assert run.built(key) == 0, (key, run.stats_after)
-        layers = ("subclass wrapper", "SerializableCompiledFunction", "params prepend",
-                  "saved-tensors-hooks")
-        reasons = run.new_fallback_reasons()
-        assert not any(" wrapper: " in k or k.startswith(layers) for k in reasons), reasons
 
 
 def _dyn(t, attr=DYNAMIC_ATTR):

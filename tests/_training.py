@@ -37,9 +37,6 @@ _RELEASE = __import__("torch_aot_rt._versions", fromlist=["resolve"]).resolve(
 BOXED_BACKWARD = _RELEASE is None or _RELEASE.boxed_backward
 # the backward runs in the engine's TLS `context` (2.12 on; 2.11 has no hook)
 TLS_CONTEXT = _RELEASE is None or _RELEASE.backward_runs_in_tls_context
-# the layers other than the runtime wrapper and CompiledFunction are ours
-# (on 2.11 they stay upstream's, counted)
-LAYERS_MIRRORED = _RELEASE is None or _RELEASE.per_call_layers_mirrored
 RELEASE_SERIES = _RELEASE.series if _RELEASE is not None else (2, 13)
 
 

@@ -1887,11 +1887,10 @@ def test_autograd_cache_hit_builds_c_class():
         got = {k: v for k, v in counters["aot_autograd"].items() if "autograd_cache" in k}
         assert got.get(expect) == 1, got
         # a cache hit wraps the result in a SerializableCompiledFunction: with
-        # the C path on, ours (the C __call__; upstream's where the other
-        # layers are not mirrored)
+        # the C path on, ours (the C __call__)
         grew = torch_aot_rt.stats()["serializable_functions"] - before
         if D.C_ENABLED:
-            ours = use_c and expect == "autograd_cache_hit" and T.LAYERS_MIRRORED
+            ours = use_c and expect == "autograd_cache_hit"
             assert grew == (1 if ours else 0), grew
         return out.detach(), w.grad
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import warnings
 
 import pytest
 import torch
@@ -36,23 +37,24 @@ def _counts():
     return torch_aot_rt.stats()["dynamo_compile_wrapper"]
 
 
-def _in_c() -> bool:
-    """Whether torch.compile returns the C object here; where not (2.11,
-    2.12), that it returns upstream's function, with the reason counted."""
+def _check_in_c() -> None:
+    """torch.compile returns the C object here."""
     with D.runtime(True):
         f = torch.compile(lambda x: x, backend="eager")
-    if isinstance(f, torch_aot_rt._C.CompileWrapper):
-        return True
-    # the release entry says so (the reason counted at install may have been
-    # reset by an earlier test's reset_stats())
-    assert type(f).__name__ == "function", type(f)
-    assert D.RELEASE is not None, "torch.compile returned upstream's on a release we mirror"
-    assert not (D.LAYERS_MIRRORED and D.RELEASE.compile_wrapper_mirrored), D.RELEASE
-    return False
+    assert isinstance(f, torch_aot_rt._C.CompileWrapper), (
+        type(f), torch_aot_rt.stats()["fallback_reasons"])
+
+
+def _peek(setter, probe):
+    """What a C setter of eval_frame's thread-local state holds (it returns
+    the prior value), put back."""
+    prior = setter(probe)
+    setter(prior)
+    return repr(prior)
 
 
 def tls_state():
-    return {
+    state = {
         "callback": repr(c_eval_frame.get_eval_frame_callback()),
         "grad": torch.is_grad_enabled(),
         "include": str(torch._C._dispatch_tls_local_include_set()),
@@ -60,6 +62,20 @@ def tls_state():
         "layers": torch._C._functorch.get_dynamic_layer_stack_depth(),
         "skip_guard_eval_unsafe": c_eval_frame.set_skip_guard_eval_unsafe(False),
     }
+    # what fullgraph sets around the call: 2.12 on the nested-compile flag
+    # and frame count, 2.11 the eval-frame override; 2.13 on the
+    # isolate-recompiles id
+    for name, probe in (("set_fullgraph_error_on_nested_compile", False),
+                        ("set_fullgraph_compiled_frame_count", -1),
+                        ("set_eval_frame_isolate_recompiles_id", -1)):
+        if hasattr(c_eval_frame, name):
+            state[name] = _peek(getattr(c_eval_frame, name), probe)
+    if hasattr(c_eval_frame, "set_eval_frame_override"):
+        import torch._dynamo.eval_frame as eval_frame
+
+        state["override"] = _peek(c_eval_frame.set_eval_frame_override,
+                                  eval_frame._EvalFrameOverride.NONE)
+    return state
 
 
 def _attempt(fn):
@@ -85,16 +101,15 @@ def _run(use_c, program):
 
 def differential(program, *, min_c=0):
     """``program()`` off, then on: the same observations; the on run's
-    calls in C at least ``min_c`` (where torch.compile returns the C one)."""
-    in_c = _in_c()
+    calls in C at least ``min_c``."""
+    _check_in_c()
     off, off_counts = _run(False, program)
     on, on_counts = _run(True, program)
     D.assert_same(off, on)
     # OptimizedModule.__call__ is the C one for every module: those compiled
     # off run upstream's through it, counted
     assert set(off_counts) <= {MODULE_UPSTREAM}, off_counts
-    if in_c:
-        assert on_counts.get(C_CALL, 0) >= min_c, on_counts
+    assert on_counts.get(C_CALL, 0) >= min_c, on_counts
     return off, on_counts
 
 
@@ -214,6 +229,61 @@ def test_fullgraph_and_nested_compiled_function():
     assert "value" not in r[1], r[1]
 
 
+def test_fullgraph_with_no_compiled_frame():
+    """fullgraph=True around a frame Dynamo skips (a dispatch mode is
+    active): 2.13 on raise naming the skipped frames; 2.12 warns once
+    (torch._dynamo.utils.warn_once); 2.11 counts nothing and returns the
+    result. The same error, or the same warning:
+    message, category, and the file, line and module it is attributed to
+    (compile_wrapper's line of eval_frame.py; a filter on torch._dynamo's
+    modules silences it)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    import torch._dynamo.utils as dynamo_utils
+
+    def forget_warned():
+        getattr(dynamo_utils, "warn_once_cache", set()).clear()
+
+    def call_under_mode(g, x, *filters):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for f in filters:
+                warnings.filterwarnings("ignore", module=f)
+            with Passthrough():
+                out = _attempt(lambda: _v(g(x)))
+        return out, [(str(w.message), w.category.__name__, w.filename, w.lineno) for w in seen]
+
+    def program():
+        forget_warned()
+        g = torch.compile(lambda x: x + 1, backend="eager", fullgraph=True)
+        x = torch.ones(2)
+        rows = [_v(g(x))]
+        # not compared: the first call under the mode makes the disable
+        # wrappers torch calls there (their frames are among the skipped)
+        call_under_mode(g, x)
+        forget_warned()
+        rows += [call_under_mode(g, x), call_under_mode(g, x)]
+        forget_warned()
+        rows.append(call_under_mode(g, x, r"torch\._dynamo\.eval_frame"))
+        forget_warned()
+        rows.append(call_under_mode(g, x))
+        return rows, tls_state()
+
+    (rows, _), _ = differential(program, min_c=5)
+    source = inspect.getsource(torch._dynamo.eval_frame._TorchDynamoContext.__call__)
+    if "warn_once" in source:  # 2.12
+        assert rows[1][1] and not rows[2][1] and not rows[3][1] and rows[4][1], rows
+        assert rows[1][1][0][2].endswith("eval_frame.py"), rows[1]
+    elif "set_fullgraph_compiled_frame_count" in source:  # 2.13 on
+        assert all("no compiled frames" in r[0]["message"] for r in rows[1:]), rows
+    else:  # 2.11: no count, the call's result
+        assert all("value" in r[0] and not r[1] for r in rows[1:]), rows
+
+
 def test_error_on_graph_break():
     """torch._dynamo.optimize(..., error_on_graph_break=True): set for the
     call where it differs, restored after; the graph break's error."""
@@ -325,14 +395,13 @@ def test_config_patcher_with_a_replaced_method(monkeypatch):
 
 
 def test_hooks_changed_by_an_enter(monkeypatch):
-    """An enter hook's Python (here the config module's shadowed
-    _mark_get_dict_dirty, called by the patcher's change) replaces
-    torch.compile's own hook and grows the list past what C keeps: the rest
-    of the list is entered as upstream's comprehension iterates it, each hook
-    as it is then, and each cleanup run in order after the call."""
+    """An enter hook's Python (here the user override of a setting the
+    dynamic=False patcher sets, a spy: its variable, or on 2.11 its entry's
+    attribute assignment) replaces torch.compile's own hook
+    and grows the list past what C keeps: the rest of the list is entered as
+    upstream's comprehension iterates it, each hook as it is then, and each
+    cleanup run in order after the call."""
     cfg = torch._dynamo.config
-    if not hasattr(type(cfg), "_mark_get_dict_dirty"):
-        pytest.skip("no _mark_get_dict_dirty on this release")
     from torch._dynamo import eval_frame
     from torch._dynamo.mutation_guard import GenerationTracker
 
@@ -351,17 +420,35 @@ def test_hooks_changed_by_an_enter(monkeypatch):
             events.append(f"enter {self.i}")
             return lambda: events.append(f"exit {self.i}")
 
-    original = cfg._mark_get_dict_dirty
-
-    def spy(name):
+    def fire():
         if armed:
             hooks = ctxs[-1].enter_exit_hooks
             armed.clear()
             hooks[1:] = [Hook(i) for i in range(5)]
-        return original(name)
 
+    class SpyVar:  # the patcher's change calls its set (2.12 on)
+        def __init__(self, var):
+            self.var = var
+
+        def get(self):
+            return self.var.get()
+
+        def set(self, value):
+            fire()
+            return self.var.set(value)
+
+    entry = cfg._config["assume_static_by_default"]
     monkeypatch.setattr(eval_frame, "make_set_enable_dynamic", capture)
-    monkeypatch.setitem(cfg.__dict__, "_mark_get_dict_dirty", spy)
+    if hasattr(entry.user_override, "set"):
+        monkeypatch.setattr(entry, "user_override", SpyVar(entry.user_override))
+    else:
+        class SpyEntry(type(entry)):  # 2.11: the change assigns the attribute
+            def __setattr__(self, name, value):
+                if name == "user_override":
+                    fire()
+                object.__setattr__(self, name, value)
+
+        monkeypatch.setattr(entry, "__class__", SpyEntry)
 
     def program():
         ctxs.clear()
@@ -455,8 +542,7 @@ def test_helper_replaced_between_calls(monkeypatch):
     calls the replacement; put back, calls are C again."""
     import torch._dynamo.eval_frame as eval_frame
 
-    if not _in_c():
-        pytest.skip("torch.compile returns upstream's function on this release")
+    _check_in_c()
     original = eval_frame._maybe_set_eval_frame
     seen = []
 
@@ -669,8 +755,7 @@ def test_reset_and_module():
         return a, b, _v(m.weight.grad), dict(counters["stats"]), tls_state()
 
     _, on_counts = differential(program, min_c=2)
-    if _in_c():
-        assert on_counts.get("OptimizedModule calls in C", 0) >= 2, on_counts
+    assert on_counts.get("OptimizedModule calls in C", 0) >= 2, on_counts
 
 
 def test_module_with_a_global_hook():

@@ -263,8 +263,11 @@ def test_compiled_backward_end_to_end():
     assert counts_off["built"] == 0
     if _counts()["unavailable"] is None:
         # the compiled backward's wrapper and the compiled graph's (the
-        # frame's __compiled_fn global), three calls each
-        assert counts_on["built"] == 2 and counts_on["calls in C"] == 6
+        # frame's __compiled_fn global), three calls each; but on 2.11 the
+        # first backward is the lazy compile's, upstream's _backward_impl,
+        # which calls the new backward's wrapper itself
+        lazy_first = not D.RELEASE.compiled_function_factory
+        assert counts_on["built"] == 2 and counts_on["calls in C"] == 6 - lazy_first, counts_on
 
 
 def test_leaks_nothing_over_many_calls():

@@ -27,15 +27,15 @@ def _pregraph_counts():
 
 
 def _hooks_in_c(name="record_pregraph_bytecode_enter") -> bool:
-    """Whether the hook is the C one; where not (2.11, whose per-call layers
-    stay upstream's; for the pregraph pair 2.15, whose bytecode calls them
-    only under the profiler), that it is upstream's function."""
+    """Whether the hook is the C one; where not (for the pregraph pair 2.15,
+    whose bytecode calls them only under the profiler), that it is upstream's
+    function."""
     hook = getattr(dynamo_utils, name)
     per_call = D.RELEASE is None or D.RELEASE.pregraph_per_call or not name.startswith("record_")
     if isinstance(hook, torch_aot_rt._C.BytecodeHelper):
         assert per_call
         return True
-    assert not (D.LAYERS_MIRRORED and per_call), torch_aot_rt.stats()["fallback_reasons"]
+    assert not per_call, torch_aot_rt.stats()["fallback_reasons"]
     assert type(hook).__name__ == "function" and hook.__name__ == name
     return False
 
@@ -265,7 +265,7 @@ def test_compiled_graph_global_is_c():
 
     off, on = run(False), run(True)
     assert off == ("function", True, True), off
-    # 2.11: the disable wrapper stays upstream's with the other layers
+    # where install left the disable wrapper upstream's, "unavailable" says why
     assert on == (off if unavailable else ("DisabledCall", True, True)), (on, unavailable)
 
 

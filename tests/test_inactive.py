@@ -274,28 +274,17 @@ def test_changed_mirrored_code_closes_the_gate():
 @pytest.mark.cpp_independent  # torch's attributes replaced: the C++ part replaces none
 def test_active_import_replaces_exactly_ours():
     """Where the gate is open, the import replaces what the installer lists
-    (the control for the snapshot above: it does see replacements). What it
-    lists follows the release: 2.11's other layers stay upstream's."""
-    from torch_aot_rt import _versions
-
+    (the control for the snapshot above: it does see replacements)."""
     result = run(**({"TORCH_AOT_RT_UNVERIFIED": "1"} if _candidate() else {}))
-    release = _versions.resolve(torch.__version__).release
     assert result["warnings"] == []
     assert result["with_import"] == result["baseline"]
     replaced = set(result["replaced"])
     rw = "torch._functorch._aot_autograd.runtime_wrappers"
-    expected = {f"{rw}._create_runtime_wrapper", f"{rw}.AOTDispatchAutograd.post_compile"}
-    layers = {
+    expected = {
+        f"{rw}._create_runtime_wrapper", f"{rw}.AOTDispatchAutograd.post_compile",
         "torch._dynamo.guards.GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS",
         f"{rw}.SerializableCompiledFunction.__init__",
         "torch._functorch.aot_autograd.simple_wraps",
     }
-    if release.per_call_layers_mirrored:
-        expected |= layers
-    else:
-        assert not layers & replaced, sorted(replaced)
-        # and counted, once, at install
-        reason = f"other per-call layers: not mirrored for torch {release.name}"
-        assert result["stats"]["fallback_reasons"].get(reason) == 1, result["stats"]
     assert expected <= replaced, sorted(replaced)
     assert result["stats"]["runtime_wrappers"] > 0

@@ -21,15 +21,11 @@ import torch_aot_rt
 pytestmark = [pytest.mark.needs_c, pytest.mark.inductor]
 
 
-def _in_c() -> bool:
-    """Whether __call__ is the C one; where not (2.11, whose per-call layers
-    stay upstream's), that it is upstream's function."""
+def _check_in_c() -> None:
+    """__call__ is the C one."""
     call = CompiledFxGraph.__dict__["__call__"]
-    if isinstance(call, torch_aot_rt._C.GraphCall):
-        return True
-    assert not D.LAYERS_MIRRORED, torch_aot_rt.stats()["fallback_reasons"]
-    assert type(call).__name__ == "function"
-    return False
+    assert isinstance(call, torch_aot_rt._C.GraphCall), (
+        call, torch_aot_rt.stats()["fallback_reasons"])
 
 
 UPSTREAM_OFF = "upstream calls: compiled with the C runtime off, or other arguments"
@@ -51,13 +47,13 @@ def _run(use_c, program):
 
 def differential(program, *, expect_on=None):
     """``program()`` off, then on: the same observations; the on run's
-    calls by path (``expect_on``, where __call__ is the C one)."""
-    in_c = _in_c()
+    calls by path (``expect_on``)."""
+    _check_in_c()
     off, off_counts = _run(False, program)
     on, on_counts = _run(True, program)
     D.assert_same(off, on)
     assert set(off_counts) <= {UPSTREAM_OFF}, off_counts
-    if expect_on is not None and in_c:
+    if expect_on is not None:
         assert on_counts == expect_on, on_counts
     return off
 
@@ -91,8 +87,7 @@ def test_calls_in_c():
 
     differential(program)
     counts = _run(True, program)[1]
-    if _in_c():
-        assert counts.get("calls in C", 0) >= 6, counts
+    assert counts.get("calls in C", 0) >= 6, counts
 
 
 def test_profiler_range():
@@ -210,8 +205,7 @@ def test_decided_when_compiled():
     """Which __call__ a graph runs is decided when it is compiled: a graph
     compiled with the C runtime off runs upstream's when called with it on,
     one compiled with it on runs in C when called with it off."""
-    if not _in_c():
-        return
+    _check_in_c()
     torch._dynamo.reset()
     with D.runtime(False):
         g_off, x, w = _compiled()

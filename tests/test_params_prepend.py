@@ -88,9 +88,7 @@ def test_same_as_upstream():
     off, built_off, fwd_off = observe(False)
     on, built_on, fwd_on = observe(True)
     assert built_off == 0 and type(fwd_off).__name__ == "function"
-    if not __import__("_training").LAYERS_MIRRORED:  # 2.11: upstream's, counted at install
-        assert built_on == 0 and type(fwd_on).__name__ == "function"
-    elif torch_aot_rt.stats()["torch"]["release"] is not None:
+    if torch_aot_rt.stats()["torch"]["release"] is not None:
         assert built_on == 1 and isinstance(fwd_on, torch_aot_rt._C.ParamsPrepend)
     D.assert_same(off, on, "params_prepend")
 
@@ -115,8 +113,7 @@ def test_torch_compile_module():
 
     off, built_off = run(False)
     on, built_on = run(True)
-    # 2.11: the layer stays upstream's (counted at install)
-    assert built_off == 0 and (built_on >= 1) is __import__("_training").LAYERS_MIRRORED
+    assert built_off == 0 and built_on >= 1
     D.assert_same(off, on, "compiled_module")
 
 

@@ -40,7 +40,8 @@ def test_211_entry_differs_from_212_where_its_source_does():
         if getattr(REL_211, name) != getattr(REL_212, name)
     }
     assert differ == {
-        "series", "opaque_base", "per_call_layers_mirrored", "prologue_range_exited_on_error",
+        "series", "opaque_base", "prologue_range_exited_on_error", "closure_compiler_wrappers",
+        "compile_wrapper_fullgraph", "compile_wrapper_strips_user_error", "config_patcher",
         "compiled_function_factory", "original_view_tracking_sets_on_enter",
         "backward_runs_in_tls_context", "surviving_grad_attr", "tangent_error_context",
         "downgrade_keeps_grad_enabled_mutation", "config_read_mirrored",

@@ -108,10 +108,7 @@ def test_same_guard_decisions_as_upstream():
     off, built_off = run(False)
     on, built_on = run(True)
     assert built_off == 0
-    if __import__("_training").LAYERS_MIRRORED:
-        assert built_on >= len(_hooks_states())  # a C guard per compiled frame at least
-    else:  # 2.11: upstream's guard builder, counted at install
-        assert built_on == 0
+    assert built_on >= len(_hooks_states())  # a C guard per compiled frame at least
     D.assert_same(off, on, "calls")
     # the guard really fails between inlineable hooks states: recompiles happened
     assert any(rec[4] != off[0][4] for rec in off), off
@@ -137,8 +134,6 @@ def test_replaced_helpers_fall_back_counted(monkeypatch):
         g(torch.arange(4.0))
     after = torch_aot_rt.stats()
     reason = "saved-tensors-hooks guard: AOTAutograd's saved-tensors-hooks helpers were replaced"
-    counted = after["fallback_reasons"].get(reason, 0) > before["fallback_reasons"].get(reason, 0)
-    # 2.11: the builder is upstream's anyway (nothing to fall back from)
-    assert counted is __import__("_training").LAYERS_MIRRORED
+    assert after["fallback_reasons"].get(reason, 0) > before["fallback_reasons"].get(reason, 0)
     assert after["guards"] == before["guards"]
     assert len(calls) > n  # upstream's guard, calling the replacement per call

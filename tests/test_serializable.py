@@ -50,11 +50,8 @@ def test_same_as_upstream():
     off, built_off, type_off = observe(False)
     on, built_on, type_on = observe(True)
     assert built_off == 0 and type_off is rw.SerializableCompiledFunction
-    if not __import__("_training").LAYERS_MIRRORED:  # 2.11: upstream's, counted at install
-        assert built_on == 0 and type_on is rw.SerializableCompiledFunction
-    else:
-        assert built_on == 1 and type_on is not rw.SerializableCompiledFunction
-        assert isinstance(type_on.__dict__["__call__"], torch_aot_rt._C.SerializableCall)
+    assert built_on == 1 and type_on is not rw.SerializableCompiledFunction
+    assert isinstance(type_on.__dict__["__call__"], torch_aot_rt._C.SerializableCall)
     D.assert_same(off, on, "serializable")
 
 

@@ -62,12 +62,7 @@ def _check_built(run, training=False) -> None:
         assert not any("subclass wrapper" in k for k in reasons), reasons
         return
     assert _built(run) == 0, run.stats_after
-    if D.LAYERS_MIRRORED:
-        assert any(k.startswith(UPSTREAM_REASONS[0]) for k in reasons), reasons
-    else:
-        # 2.11: the subclass wrapper is not even replaced (the other per-call
-        # layers stay upstream's, counted at install): no reason per compile
-        D.check_layers_upstream(run)
+    assert any(k.startswith(UPSTREAM_REASONS[0]) for k in reasons), reasons
     if training:
         assert any(k.startswith(UPSTREAM_REASONS[1]) for k in reasons), reasons
 
@@ -420,9 +415,6 @@ def test_nested_jagged(device, training):
             after = D._state.counters()
             if IN_C:
                 assert after["subclass_wrappers"] > before["subclass_wrappers"], after
-            elif not D.LAYERS_MIRRORED:  # 2.11: not replaced, counted at install
-                D.check_layers_upstream()
-                assert after["subclass_wrappers"] == before["subclass_wrappers"], after
             else:
                 key = next(k for k in after["fallback_reasons"]
                            if k.startswith(UPSTREAM_REASONS[0]))
@@ -497,13 +489,8 @@ def test_dtensor_one_process_gloo():
     else:
         assert runs["True"]["built"] == {"subclass_wrappers": 0, "autograd_functions": 0,
                                          "runtime_wrappers": 1}, runs["True"]
-        # 2.12: counted per compile; 2.11: the subclass wrapper with the other
-        # per-call layers, counted once, at install
-        wrapper = ("subclass wrapper: not mirrored" if D.LAYERS_MIRRORED
-                   else "other per-call layers: not mirrored")
-        expected = ["CompiledFunction: a subclass graph", wrapper]
-        if D.LAYERS_MIRRORED and not D.RELEASE.compile_wrapper_mirrored:
-            expected.append("Dynamo's compile_wrapper: not mirrored")  # 2.12, at install
+        # 2.11, 2.12: counted per compile
+        expected = ["CompiledFunction: a subclass graph", "subclass wrapper: not mirrored"]
         assert sorted(k.split(" on torch")[0].split(" for torch")[0]
                       for k in runs["True"]["fallbacks"]) == sorted(expected), runs["True"]
 

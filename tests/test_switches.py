@@ -117,8 +117,6 @@ def test_stats_snapshot_and_reset():
     # the counters reset; "torch" (what the gate decided at install) does not
     expected_torch = dict(version=str(torch.__version__), unverified_opt_in=False, inactive=None)
     expected_torch["release"] = "%d.%d" % tuple(int(p) for p in torch.__version__.split(".")[:2])
-    # 2.11: torch._dynamo.disable's wrapper stays upstream's with the other layers
-    unavailable = None if D.LAYERS_MIRRORED else f"not mirrored for torch {D.RELEASE.name}"
     assert torch_aot_rt.stats() == {
         "runtime_wrappers": 0,
         "autograd_functions": 0,
@@ -135,7 +133,7 @@ def test_stats_snapshot_and_reset():
         "cpp_epilogue": {k: 0 for k in torch_aot_rt.stats()["cpp_epilogue"]},
         # its "unavailable" is what install decided, not a counter
         "dynamo_disable": {
-            k: (unavailable if k == "unavailable" else 0)
+            k: (None if k == "unavailable" else 0)
             for k in torch_aot_rt.stats()["dynamo_disable"]
         },
         "dynamo_bytecode_helpers": {k: 0 for k in torch_aot_rt.stats()["dynamo_bytecode_helpers"]},

@@ -67,23 +67,6 @@ needs_generated_rng = pytest.mark.skipif(
     "(test_rng_closure_functionalized_stays_upstreams)")
 
 
-# 2.11: every compiler wrapper stays upstream's (the release's other per-call
-# layers are not mirrored; counted at install): the end-to-end tests check
-# that none is ours, the direct ones that post_compile is upstream's
-LAYERS = D.LAYERS_MIRRORED
-
-
-def _wrappers_ours(on) -> bool:
-    """Whether ``on`` (a C-path run) has our compiler wrappers to check; where
-    they stay upstream's (2.11), checks that instead and says False."""
-    if not D.C_ENABLED:
-        return False
-    if LAYERS:
-        return True
-    D.check_layers_upstream(on)
-    return False
-
-
 def _forwarding_wrappers(on) -> int:
     """The C wrappers every compile of ``on`` builds whatever it needs: 2.12's
     effect-tokens and RNG closures, each a _C.ForwardingWrapper here."""
@@ -93,7 +76,7 @@ def _forwarding_wrappers(on) -> int:
 def _check_synthetic_base(on):
     """The synthetic base wrapper of ``on`` (a C-path run) is C, or this
     release's upstream closure, counted."""
-    if not _wrappers_ours(on):
+    if not D.C_ENABLED:
         return
     if SYNTHETIC_IN_C:
         assert on.built("wrappers") >= 1, on.stats_after
@@ -107,11 +90,6 @@ def _upstream_post_compile(cls):
     """Upstream's ``cls.post_compile`` (ours replaced it when the C path is on)."""
     if not D.C_ENABLED:
         return cls.post_compile
-    if not LAYERS:
-        # 2.11: not replaced (what the rest of a direct test compares is ours)
-        D.check_layers_upstream()
-        pytest.skip(f"{cls.__name__}.post_compile is upstream's on torch {D.RELEASE.name} "
-                    "(checked: not replaced)")
     for record in D._state.installed["replaced"]:
         if record.owner is cls and record.name == "post_compile":
             return record.upstream
@@ -247,7 +225,7 @@ def test_dedupe_e2e(device, requires_grad):
 
     on = D.run_differential(f_dupe_mutated, make, device=device, calls=3,
                             compile_kwargs={"keep_inference_input_mutations": True})
-    if _wrappers_ours(on):
+    if D.C_ENABLED:
         assert on.built("wrappers") >= 1, on.stats_after
 
 
@@ -259,7 +237,7 @@ def test_dedupe_unmutated_needs_no_wrapper():
         return (x, x, torch.randn(3, device=dev))
 
     on = D.run_differential(f_dupe_read, make, calls=2)
-    if _wrappers_ours(on):
+    if D.C_ENABLED:
         assert on.built("wrappers") == _forwarding_wrappers(on)
 
 
@@ -297,7 +275,7 @@ def test_dedupe_torch_compile(device):
 
     on = D.run_differential(f, make, device=device, calls=3, compile="aot_eager",
                             backward=False)
-    if _wrappers_ours(on):
+    if D.C_ENABLED:
         assert on.built("wrappers") == _forwarding_wrappers(on), on.stats_after
 
 
@@ -382,7 +360,7 @@ def test_effect_tokens_e2e(device, requires_grad, how, capfd):
     on = D.run_differential(f_print, make, device=device, calls=3, compile=how)
     printed = capfd.readouterr().out
     assert printed.count("torch_aot_rt effect token") == 6, printed
-    if _wrappers_ours(on):
+    if D.C_ENABLED:
         assert on.built("wrappers") >= 1, on.stats_after
 
 
@@ -399,7 +377,7 @@ def test_debug_assert_e2e(device):
 
     on = D.run_differential(f, make, device=device, calls=3,
                             functorch_config={"debug_assert": True})
-    if _wrappers_ours(on):
+    if D.C_ENABLED:
         assert on.built("wrappers") >= 1, on.stats_after
 
 
@@ -781,7 +759,8 @@ def test_debug_assert_direct():
         [g, g, 3, p],        # arg 1 requires grad
         [g, p, p, p],        # arg 2 is a tensor
         [g, p, 3, g],        # arg 3 requires grad
-        [g, p, 3],           # short: upstream's IndexError
+        [g, p, 3],           # short: upstream's IndexError (2.11: checks fewer)
+        [g, p, 3, p, g],     # long: passes (2.11: flat_requires_grad[4]'s IndexError)
         (g, p, 3, p),        # a tuple: upstream's function
     ]
     for k, args in enumerate(cases):
@@ -812,16 +791,10 @@ def test_not_needed_returns_compiled_fn():
     compiled = Recorder(lambda args: list(args))
     before = torch_aot_rt.stats()
     meta = types.SimpleNamespace(tokens={}, is_rng_op_functionalized=False)
-    if not LAYERS:
-        D.check_layers_upstream()
     with torch_aot_rt.enabled(True):
         for cls in (rw.EffectTokensWrapper, rw.FunctionalizedRngRuntimeWrapper):
             fn = cls().post_compile(compiled, _aot_config(), runtime_metadata=meta)
-            if CLOSURES and not LAYERS:
-                # 2.11: upstream's closure, which only passes the call on
-                assert type(fn).__name__ == "function" and fn is not compiled, (cls, fn)
-                assert fn([1]) == [1]
-            elif CLOSURES:
+            if CLOSURES:
                 # 2.12 wraps anyway: a closure that only passes the call on
                 assert type(fn) is _wrapper_types()[-1], (cls, type(fn))
             else:
@@ -829,8 +802,7 @@ def test_not_needed_returns_compiled_fn():
         w = rw.AOTDedupeWrapper()
         w.needs_post_compile = False
         assert w.post_compile(compiled, _aot_config(), runtime_metadata=meta) is compiled
-    assert torch_aot_rt.stats()["wrappers"] == before["wrappers"] + (2 if CLOSURES and LAYERS
-                                                                     else 0)
+    assert torch_aot_rt.stats()["wrappers"] == before["wrappers"] + (2 if CLOSURES else 0)
     assert torch_aot_rt.stats()["fallbacks"] == before["fallbacks"]
 
 
@@ -868,13 +840,8 @@ def test_rng_closure_functionalized_stays_upstreams():
             compiled, _aot_config(), runtime_metadata=meta)
     assert type(fn).__name__ == "function" and fn.__code__.co_name == "wrapper"
     after = torch_aot_rt.stats()["fallback_reasons"]
-    if not LAYERS:
-        # 2.11: post_compile itself is upstream's (counted at install), nothing per compile
-        D.check_layers_upstream()
-        assert after == before, after
-        return
     key = ("functionalized RNG wrapper: FunctionalizedRngRuntimeWrapper.post_compile returns a "
-           "closure on torch 2.12 (functionalized RNG, not mirrored)")
+           f"closure on torch {D.RELEASE.name} (functionalized RNG, not mirrored)")
     assert after.get(key, 0) == before.get(key, 0) + 1, after
 
 
@@ -959,18 +926,6 @@ def test_steady_state_runs_no_functorch_frame(case, requires_grad):
         assert counts[True][0] == "wrapped_compiled_fn", counts[True]
         assert "merge_view_inputs" in counts[True]
         assert not {"runtime_wrapper", "run", "forward", "backward"} & set(counts[True])
-        if not LAYERS:
-            D.check_layers_upstream()
-    elif D.C_ENABLED and not LAYERS:
-        # 2.11: the compiler wrappers' closures are upstream's (and only they
-        # run); the runtime wrapper and CompiledFunction around them are ours
-        D.check_layers_upstream()
-        assert 0 < len(counts[True]) < len(counts[False]), counts
-        assert set(counts[True]) <= set(counts[False]), counts
-        assert not {"runtime_wrapper", "run", "forward", "backward", "_backward_impl"} & set(
-            counts[True]), counts[True]
-        first = {"dedupe": "debugged_compiled_fn", "effect_tokens": "wrapper"}[case]
-        assert counts[True][0] == first, counts[True]
     elif D.C_ENABLED:
         assert counts[True] == [], counts[True]
 
@@ -1009,16 +964,12 @@ def test_autograd_cache_hit():
             # the synthetic base wrapper (2.13 on); on 2.12 the RNG closure
             # (a hit runs no EffectTokensWrapper), and the synthetic base
             # closure upstream's, counted
-            # (2.11: none, every wrapper upstream's, counted at install)
-            built = 1 if use_c and LAYERS else 0
+            built = 1 if use_c else 0
             assert after["wrappers"] - before["wrappers"] == built, after
             new = {k: v - before["fallback_reasons"].get(k, 0)
                    for k, v in after["fallback_reasons"].items()}
             new = {k: v for k, v in new.items() if v}
-            if use_c and not LAYERS:
-                D.check_layers_upstream()
-                assert new == {}, after
-            elif use_c and not SYNTHETIC_IN_C:
+            if use_c and not SYNTHETIC_IN_C:
                 assert list(new) == [k for k in new if k.startswith(SYNTHETIC_UPSTREAM)], new
                 assert sum(new.values()) == 1, new
             else:
@@ -1094,11 +1045,6 @@ def test_trace_artifacts_are_upstreams(tmp_path):
                        timeout=600, capture_output=True)
         found[on] = _wrapper_sources(str(trace_dir))
     expected = [n for n, c in zip(_TRACED, _TRACED_CLASSES) if not _closure_here(c)]
-    if not LAYERS:
-        # 2.11: its dedupe wrapper is a closure too (nothing of the three is
-        # generated), and the wrappers are upstream's
-        D.check_layers_upstream()
-        expected = []
     assert [n for n, _ in found[False]] == expected, found[False]
     assert found[True] == found[False]
 

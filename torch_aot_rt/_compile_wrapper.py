@@ -11,9 +11,42 @@ and what it calls are the verified ones and bind what the C version reads.
 
 from __future__ import annotations
 
+import dis
 import functools
+import types
 
 CELLS = ("callback", "fn", "is_fx_symbolic_tracing", "is_jit_tracing", "self")
+PATCHER_CELLS = ("changes", "config", "self")
+
+
+def fullgraph_warning(code, eval_frame):
+    """2.12's ``torch._dynamo.utils.warn_once(<message>)`` in
+    compile_wrapper (fullgraph=True and no compiled frame) as a function of
+    no arguments whose one frame is that line of eval_frame.py, in its
+    globals: warn_once warns with stacklevel=2, so the warning names this
+    frame's file, line and module, as upstream's does. None where the call
+    is not ``<warn_once>(<one constant string>)``."""
+    found = None
+    instructions = list(dis.get_instructions(code))
+    for i, ins in enumerate(instructions):
+        if ins.argval != "warn_once" or ins.opname not in ("LOAD_ATTR", "LOAD_METHOD"):
+            continue
+        rest = [x for x in instructions[i + 1:i + 4] if x.opname != "PRECALL"]
+        if (len(rest) < 2 or rest[0].opname != "LOAD_CONST" or not isinstance(rest[0].argval, str)
+                or rest[1].opname != "CALL" or rest[1].arg != 1):
+            return None
+        call = (rest[1].positions.lineno, rest[0].argval)
+        if found not in (None, call):  # the finally block's copies: one call
+            return None
+        found = call
+    if found is None or found[0] < 2:
+        return None
+    line, message = found
+    source = "\n" * (line - 2) + (
+        f"def compile_wrapper():\n    torch._dynamo.utils.warn_once({message!r})\n")
+    module_code = compile(source, code.co_filename, "exec")
+    body = next(c for c in module_code.co_consts if isinstance(c, types.CodeType))
+    return types.FunctionType(body, vars(eval_frame), "compile_wrapper")
 
 
 def install(release) -> list | str:
@@ -31,8 +64,6 @@ def install(release) -> list | str:
 
     from . import _C, _state
 
-    if not release.compile_wrapper_mirrored:
-        return f"not mirrored for torch {release.name}"
     cls = eval_frame._TorchDynamoContext
     upstream = cls.__dict__.get("__call__")
     upstream_code = getattr(upstream, "__code__", None)
@@ -45,9 +76,16 @@ def install(release) -> list | str:
         return "the enter hook of torch.compile's context is not the verified one"
     # dynamic= / dynamic_shapes= add config patchers to the enter hooks
     patcher = _state.nested_code(ConfigModule._make_closure_patcher.__code__, "change")
-    if patcher is None:
+    if patcher is None or patcher.co_freevars != PATCHER_CELLS:
         return "ConfigModule._make_closure_patcher is not the verified one"
-    keys_cpp = release.compile_wrapper_cpp_key_stack
+    fullgraph_warn = None
+    if release.compile_wrapper_fullgraph == "warn":
+        fullgraph_warn = fullgraph_warning(code, eval_frame)
+        if fullgraph_warn is None:
+            return "compile_wrapper's fullgraph warning is not the verified one"
+    keys_saved = release.compile_wrapper_saves_dispatch_keys
+    keys_cpp = keys_saved and release.compile_wrapper_cpp_key_stack
+    keys_guard = keys_saved and not keys_cpp
     _C._bind_compile_wrapper(
         code=code,
         cells=tuple(CELLS.index(n) for n in CELLS),
@@ -64,17 +102,26 @@ def install(release) -> list | str:
         generation_tracker=mutation_guard.GenerationTracker,
         get_depth=functorch.get_dynamic_layer_stack_depth,
         pop_depth=functorch.pop_dynamic_layer_stack_and_undo_to_depth,
-        include_set=None if keys_cpp else torch._C._dispatch_tls_local_include_set,
-        exclude_set=None if keys_cpp else torch._C._dispatch_tls_local_exclude_set,
-        force_guard=None if keys_cpp else torch._C._ForceDispatchKeyGuard,
+        include_set=torch._C._dispatch_tls_local_include_set if keys_guard else None,
+        exclude_set=torch._C._dispatch_tls_local_exclude_set if keys_guard else None,
+        force_guard=torch._C._ForceDispatchKeyGuard if keys_guard else None,
         save_keys=torch._C._dynamo_save_local_dispatch_key_set if keys_cpp else None,
         restore_keys=torch._C._dynamo_restore_local_dispatch_key_set if keys_cpp else None,
         eager_nested=eval_frame._force_eager_nested_compile if keys_cpp else None,
         fx_flag_tls=symbolic_trace._is_fx_tracing_tls if release.fx_tracing_flag_tls else None,
         tag_patch_attr=release.generation_tag_patch_attr,
         tag_patch_present=release.generation_tag_patch_attr == "___has_generation_tag_patch",
-        compiler_errors=(exc.Unsupported, exc.UncapturedHigherOrderOpError, exc.UserError),
+        compiler_errors=(exc.Unsupported, exc.UncapturedHigherOrderOpError)
+        + ((exc.UserError,) if release.compile_wrapper_strips_user_error else ()),
         shorten_traceback=exc.ShortenTraceback,
+        isolate_recompiles=release.compile_wrapper_isolate_recompiles,
+        eog_where_differs=release.compile_wrapper_eog_where_differs,
+        # the 2.13 form marks keys dirty through the config reader's binding
+        patcher=(release.config_patcher
+                 if release.config_patcher != "var_marked" or release.config_read_mirrored
+                 else None),
+        fullgraph=release.compile_wrapper_fullgraph,
+        fullgraph_warn=fullgraph_warn,
     )
 
     @functools.wraps(upstream)

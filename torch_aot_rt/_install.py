@@ -401,23 +401,11 @@ def install() -> None:
 
         from . import _disable
 
-        layers = gate.release.per_call_layers_mirrored
-        if layers:
-            try:
-                _state.installed["disable"] = _disable.install(gate.release)
-            except Exception as e:
-                _state.installed["disable"] = _state.internal_error(e)
-        else:
-            _state.installed["disable"] = f"not mirrored for torch {gate.release.name}"
-        replaced = _replace_runtime(rw)
-        if layers:
-            replaced += _replace_layers(rw)
-        else:
-            # what they replace differs on this release and is not mirrored:
-            # each stays upstream's
-            _state.count_fallback(
-                f"other per-call layers: not mirrored for torch {gate.release.name}"
-            )
+        try:
+            _state.installed["disable"] = _disable.install(gate.release)
+        except Exception as e:
+            _state.installed["disable"] = _state.internal_error(e)
+        replaced = _replace_runtime(rw) + _replace_layers(rw)
         _state.installed["replaced"] = replaced
 
 

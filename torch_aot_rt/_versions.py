@@ -178,10 +178,29 @@ class Release:
     # where 2.13 has a bare `assert` -> GraphCall's assert_message.
     graph_call_assert_message: str | None = None
     # --- Dynamo's compile_wrapper (csrc/dynamo/compile_wrapper.c) ---
-    # mirrored for this release (2.13 on; 2.12's differs in its fullgraph
-    # check, error_on_graph_break and isolate-recompiles handling: upstream's,
-    # counted)
-    compile_wrapper_mirrored: bool = True
+    # What fullgraph=True does around the call. "raise" (2.13 on): the
+    # nested-compile flag set from config and a compiled-frame count;
+    # dynamo_tls.skip_reasons reset before the call; no compiled frame ->
+    # RuntimeError naming the skip reasons (default stance), skip_reasons
+    # None after. "warn" (2.12): the same flag and count, no skip reasons; no
+    # compiled frame -> torch._dynamo.utils.warn_once(...) in any stance (the
+    # binding's fullgraph_warn: that line as a frame of eval_frame.py, so the
+    # warning is attributed where upstream's is). "override" (2.11):
+    # set_eval_frame_override(_get_eval_frame_override()), restored after;
+    # no count.
+    compile_wrapper_fullgraph: str = "raise"
+    # the compiler errors whose internal tracebacks are stripped include
+    # UserError (2.12 on); 2.11's are Unsupported, UncapturedHigherOrderOpError
+    compile_wrapper_strips_user_error: bool = True
+    # 2.13 on: set_eval_frame_isolate_recompiles_id(self._isolate_recompiles_id)
+    # before the call, the prior id restored after; 2.12 has no such id
+    compile_wrapper_isolate_recompiles: bool = True
+    # error_on_graph_break: 2.13 on sets it (and restores it after) only
+    # where the current value differs; 2.12 always sets and restores it
+    compile_wrapper_eog_where_differs: bool = True
+    # 2.13 on: the local dispatch key sets saved before the call and put back
+    # after (see compile_wrapper_cpp_key_stack for how); 2.12 leaves them
+    compile_wrapper_saves_dispatch_keys: bool = True
     # 2.14 on: the local dispatch key set saved on a C++ thread-local stack
     # (torch._C._dynamo_save/restore_local_dispatch_key_set) where 2.13 enters
     # torch._C._ForceDispatchKeyGuard(include, exclude); and a nested eager
@@ -196,6 +215,13 @@ class Release:
     # = True, read for presence only (and GenerationTracker an instance of
     # _GenerationTracker, its generation an instance attribute)
     generation_tag_patch_attr: str = "___needs_generation_tag_patch"
+    # ConfigModule._make_closure_patcher's change/revert (the enter hook of
+    # dynamic=), csrc/config_patch.c: "var_marked" (2.13 on) sets
+    # config[k].user_override (a ContextVar), then marks the hash and the
+    # get-dict key dirty; "var" (2.12) sets self._config[k].user_override;
+    # "attribute" (2.11) assigns self._config[k].user_override = v (a plain
+    # attribute; prior read as config[k].user_override).
+    config_patcher: str = "var_marked"
     # --- a config setting read per call (csrc/config_read.c) ---
     # ConfigModule.__getattr__ reads a ContextVar user override, warns once
     # on a deprecated setting and deep-copies every default not of
@@ -226,12 +252,6 @@ class Release:
     # forward; 2.13's generated forward calls it with the list. The C forward
     # calls it boxed: an unboxed one keeps upstream's CompiledFunction.
     forward_checks_boxed_call: bool = False
-    # The other per-call layers (compiler wrappers, subclass wrapper,
-    # SerializableCompiledFunction, params prepend, saved-tensors-hooks guard,
-    # torch._dynamo.disable's wrapper) are mirrored for this release; where
-    # not (2.11, a candidate whose code differs in each), they all stay
-    # upstream's, counted.
-    per_call_layers_mirrored: bool = True
     # The compiler wrappers whose post_compile returns a reference closure
     # (2.12: effect tokens, synthetic base, functionalized RNG) instead of a
     # generated function (2.13 on). 2.12's effect-tokens and RNG closures wrap
@@ -300,6 +320,10 @@ class Release:
             raise ValueError(f"external_objects_registry {self.external_objects_registry!r}")
         if self.external_objects_setter is not None and self.external_objects_registry != "list":
             raise ValueError("external_objects_setter needs a list registry")
+        if self.compile_wrapper_fullgraph not in ("raise", "warn", "override"):
+            raise ValueError(f"compile_wrapper_fullgraph {self.compile_wrapper_fullgraph!r}")
+        if self.config_patcher not in ("var_marked", "var", "attribute"):
+            raise ValueError(f"config_patcher {self.config_patcher!r}")
 
     @property
     def name(self) -> str:
@@ -336,7 +360,6 @@ _REL_212 = Release(
     boxed_backward=False,
     double_backward_scans_args=True,
     forward_checks_boxed_call=True,
-    per_call_layers_mirrored=True,
     closure_compiler_wrappers=(
         "EffectTokensWrapper", "AOTSyntheticBaseWrapper", "FunctionalizedRngRuntimeWrapper",
     ),
@@ -344,17 +367,27 @@ _REL_212 = Release(
     prologue_range_exited_on_error=True,
     bump_from_generator=True,
     graph_call_compile_context=False,
-    compile_wrapper_mirrored=False,
+    compile_wrapper_fullgraph="warn",
+    compile_wrapper_isolate_recompiles=False,
+    compile_wrapper_eog_where_differs=False,
+    compile_wrapper_saves_dispatch_keys=False,
+    config_patcher="var",
 )
 
 
 VERIFIED: tuple[Release, ...] = (
     # 2.11: 2.12's runtime semantics but where its source differs (the 2.11
-    # fields above), its runtime wrapper and CompiledFunction in C, its other
-    # per-call layers upstream's, counted (issue 19; docs/compatibility.md
-    # "2.11 against 2.12").
+    # fields above; issue 19; docs/compatibility.md "2.11 against 2.12"):
+    # its dedupe and debug-assert wrappers are closures, compile_wrapper has
+    # the eval-frame override, the dynamic= patcher assigns attributes.
     dataclasses.replace(
-        _REL_212, series=(2, 11), per_call_layers_mirrored=False,
+        _REL_212, series=(2, 11),
+        closure_compiler_wrappers=_REL_212.closure_compiler_wrappers + (
+            "AOTDedupeWrapper", "DebugAssertWrapper",
+        ),
+        compile_wrapper_fullgraph="override",
+        compile_wrapper_strips_user_error=False,
+        config_patcher="attribute",
         prologue_range_exited_on_error=False,
         opaque_base=None,
         compiled_function_factory=False,

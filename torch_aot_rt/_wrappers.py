@@ -24,7 +24,8 @@ function: ``EffectTokensWrapper``'s ``inner_fn`` (``_C.EffectTokensWrapper``
 with tokens, else ``_C.ForwardingWrapper``) and
 ``FunctionalizedRngRuntimeWrapper``'s ``wrapper`` (``_C.ForwardingWrapper``
 without RNG functionalization); ``AOTSyntheticBaseWrapper``'s closure stays
-upstream's.
+upstream's. On 2.11 the dedupe and debug-assert wrappers return closures
+too (the same steps: ``_C.DedupeWrapper``, ``_C.DebugAssertWrapper``).
 
 Ours is each class's ``post_compile``: it runs upstream's first (so every
 build-time effect is upstream's: its checks and errors, the generated source
@@ -108,13 +109,34 @@ def _tensor_hash_is_id() -> bool:
 
 
 def _dedupe(wrapper, fn, compiled_fn, aot_config, meta):
-    from . import _C
+    cells = _debugged_cells(fn)
+    inner = cells["wrapped_compiled_fn"].cell_contents
+    target = _generated(inner, "inner_fn", ("compiled_fn",))["compiled_fn"]
+    return _dedupe_wrapper(wrapper, fn, cells, target)
 
+
+def _dedupe_closure(wrapper, fn, compiled_fn, aot_config, meta):
+    # 2.11: wrapped_compiled_fn is a closure, `deduped_args =
+    # self.remove_dupe_args(args)` (the kept items, in order, for a list of
+    # the compiled length: what DedupeWrapper takes), args.clear(), the call
+    cells = _debugged_cells(fn)
+    inner = _cells(cells["wrapped_compiled_fn"].cell_contents, "wrapped_compiled_fn",
+                   ("compiled_fn", "self"))
+    if inner["self"].cell_contents is not wrapper:
+        raise Unsupported("wrapped_compiled_fn closes over another wrapper")
+    return _dedupe_wrapper(wrapper, fn, cells, inner["compiled_fn"].cell_contents)
+
+
+def _debugged_cells(fn):
     cells = _cells(fn, "debugged_compiled_fn", fn.__code__.co_freevars)
     if set(cells) != {"self", "aot_config", "wrapped_compiled_fn"}:
         raise Unsupported("debugged_compiled_fn is not the verified closure")
-    inner = cells["wrapped_compiled_fn"].cell_contents
-    target = _generated(inner, "inner_fn", ("compiled_fn",))["compiled_fn"]
+    return cells
+
+
+def _dedupe_wrapper(wrapper, fn, cells, target):
+    from . import _C
+
     if cells["self"].cell_contents is not wrapper:
         raise Unsupported("debugged_compiled_fn closes over another wrapper")
     keep = [bool(k) for k in wrapper.keep_arg_mask]
@@ -223,8 +245,28 @@ def _fakified_out(wrapper, fn, compiled_fn, aot_config, meta):
 def _debug_assert(wrapper, fn, compiled_fn, aot_config, meta):
     from . import _C
 
-    rw = _runtime_wrappers()
     g = _generated(fn, "inner_fn", ("compiled_fn", "Tensor"))
+    return _C.DebugAssertWrapper(fn, g["compiled_fn"], g["Tensor"],
+                                 _debug_checks(wrapper, aot_config))
+
+
+def _debug_assert_closure(wrapper, fn, compiled_fn, aot_config, meta):
+    # 2.11: debug_compiled_function, a closure over (aot_config, compiled_fn,
+    # self) checking every argument against self.flat_requires_grad[i]
+    from . import _C
+
+    cells = _cells(fn, "debug_compiled_function", ("aot_config", "compiled_fn", "self"))
+    if cells["self"].cell_contents is not wrapper or cells["aot_config"].cell_contents is not aot_config:
+        raise Unsupported("debug_compiled_function closes over another wrapper")
+    if "Tensor" not in fn.__globals__:
+        raise Unsupported("debug_compiled_function does not bind Tensor")
+    return _C.DebugAssertWrapper(fn, cells["compiled_fn"].cell_contents, fn.__globals__["Tensor"],
+                                 _debug_checks(wrapper, aot_config),
+                                 n_args=len(wrapper.flat_requires_grad))
+
+
+def _debug_checks(wrapper, aot_config) -> tuple:
+    rw = _runtime_wrappers()
     checks = []
     for i, can_require_grad in enumerate(wrapper.flat_requires_grad):
         # the messages upstream's post_compile formats
@@ -233,7 +275,7 @@ def _debug_assert(wrapper, fn, compiled_fn, aot_config, meta):
         elif not can_require_grad:
             checks.append((i, False, rw.format_guard_bug_msg(
                 aot_config, f"{rw.describe_input(i, aot_config)} would not require grad")))
-    return _C.DebugAssertWrapper(fn, g["compiled_fn"], g["Tensor"], tuple(checks))
+    return tuple(checks)
 
 
 def _runtime_wrappers():
@@ -245,12 +287,12 @@ def _runtime_wrappers():
 # (class, what stats() calls it, builder, builder where the release's
 # post_compile returns a reference closure: Release.closure_compiler_wrappers)
 BUILDERS = (
-    ("AOTDedupeWrapper", "dedupe", _dedupe, None),
+    ("AOTDedupeWrapper", "dedupe", _dedupe, _dedupe_closure),
     ("EffectTokensWrapper", "effect tokens", _effect_tokens, _effect_tokens_closure),
     ("AOTSyntheticBaseWrapper", "synthetic base", _synthetic_base, _synthetic_base_closure),
     ("FunctionalizedRngRuntimeWrapper", "functionalized RNG", _rng, _rng_closure),
     ("FakifiedOutWrapper", "fakified out", _fakified_out, None),
-    ("DebugAssertWrapper", "debug assert", _debug_assert, None),
+    ("DebugAssertWrapper", "debug assert", _debug_assert, _debug_assert_closure),
 )
 
 

@@ -13,6 +13,13 @@
  * The C call runs the same checks in the same order, with the same messages
  * (the shim computes them with upstream's helpers), for an exact list long
  * enough for every check; any other call runs the generated function.
+ *
+ * 2.11's post_compile returns a closure, debug_compiled_function, that does
+ * the same per argument, `for i, a in enumerate(args)`, reading
+ * self.flat_requires_grad[i] (and formatting the message when one fails):
+ * built with n_args = len(flat_requires_grad), the C call takes a list of
+ * exactly that length (a longer one raises IndexError there, a shorter one
+ * checks fewer: both run the closure).
  * ====================================================================== */
 #include "fn_object.h"
 #include "aot/wrappers.h"
@@ -27,6 +34,7 @@ typedef struct {
     Py_ssize_t *index;     /* the argument each check reads */
     bool *is_tensor_check; /* isinstance(.., Tensor) (None) or .requires_grad (False) */
     Py_ssize_t need;
+    Py_ssize_t n_args;     /* 2.11's closure: the one length taken; -1: any >= need */
 } DebugAssertWrapper;
 
 static PyObject *
@@ -34,7 +42,8 @@ DebugAssertWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf
                               PyObject *kwnames)
 {
     DebugAssertWrapper *self = (DebugAssertWrapper *)op;
-    if (!rt_plain_list_call(argv, nargsf, kwnames) || PyList_GET_SIZE(argv[0]) < self->need) {
+    if (!rt_plain_list_call(argv, nargsf, kwnames) || PyList_GET_SIZE(argv[0]) < self->need ||
+        (self->n_args >= 0 && PyList_GET_SIZE(argv[0]) != self->n_args)) {
         return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
     }
     for (Py_ssize_t c = 0; c < self->n; c++) {
@@ -67,11 +76,12 @@ DebugAssertWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf
 static PyObject *
 DebugAssertWrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"upstream", "compiled_fn", "tensor", "checks", NULL};
+    static char *keywords[] = {"upstream", "compiled_fn", "tensor", "checks", "n_args", NULL};
     PyObject *upstream, *compiled_fn, *tensor, *checks;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO!:DebugAssertWrapper", keywords,
+    Py_ssize_t n_args = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO!|$n:DebugAssertWrapper", keywords,
                                      &upstream, &compiled_fn, &tensor, &PyTuple_Type,
-                                     &checks)) {
+                                     &checks, &n_args)) {
         return NULL;
     }
     if (!PyCallable_Check(upstream) || !PyCallable_Check(compiled_fn)) {
@@ -87,6 +97,7 @@ DebugAssertWrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->upstream = Py_NewRef(upstream);
     self->compiled_fn = Py_NewRef(compiled_fn);
     self->tensor = Py_NewRef(tensor);
+    self->n_args = n_args < 0 ? -1 : n_args;
     self->n = PyTuple_GET_SIZE(checks);
     self->index = PyMem_Malloc(((size_t)self->n + 1) * sizeof(Py_ssize_t));
     self->is_tensor_check = PyMem_Malloc((size_t)self->n + 1);
@@ -155,5 +166,6 @@ DEFINE_DEALLOC(DebugAssertWrapper, {
 })
 FN_MEMBERS(DebugAssertWrapper)
 FN_SPEC(DebugAssertWrapper,
-        "DebugAssertWrapper(upstream, compiled_fn, tensor, checks): DebugAssertWrapper."
-        "post_compile's inner_fn (per-argument debug assertions) in C.")
+        "DebugAssertWrapper(upstream, compiled_fn, tensor, checks, *, n_args=-1): "
+        "DebugAssertWrapper.post_compile's inner_fn (per-argument debug assertions) in C; "
+        "n_args: 2.11's closure, the one argument count taken.")

@@ -2,7 +2,10 @@
  *
  * torch.compile(fn) returns _TorchDynamoContext.__call__'s compile_wrapper
  * (torch/_dynamo/eval_frame.py; OptimizedModule's forward is one too). On
- * every call it runs, in this order (2.13; what 2.14 on changes in [ ]):
+ * every call it runs, in this order (2.13; what 2.14 on changes in [ ];
+ * what 2.12 does not do in { }; 2.11's fullgraph set-up is
+ * set_eval_frame_override(_get_eval_frame_override()), restored where the
+ * nested flag is, and nothing else of fullgraph's):
  *
  *     prior = set_eval_frame(None)
  *     [if _is_eager_on_nested_compile() and ...: return fn(*args, **kwargs)]
@@ -10,34 +13,34 @@
  *         prior_nested = set_fullgraph_error_on_nested_compile(config.error_on_...)
  *         if not self.export:
  *             fg_count = set_fullgraph_compiled_frame_count(0) < 0
- *             if fg_count: reset_skip_reasons()
+ *             {if fg_count: reset_skip_reasons()}
  *     try:
  *         (a tracing context in a kernel invocation, exporting, FX symbolic
  *          tracing: run fn eagerly; torch.jit tracing: an error)
  *         cleanups = [enter() for enter in self.enter_exit_hooks]
  *         prior_skip = set_skip_guard_eval_unsafe(_is_skip_guard_eval_unsafe_stance())
- *         prior_id = set_eval_frame_isolate_recompiles_id(self._isolate_recompiles_id)
- *         (error_on_graph_break: set where it differs, restored after)
+ *         {prior_id = set_eval_frame_isolate_recompiles_id(self._isolate_recompiles_id)}
+ *         (error_on_graph_break: set {where it differs}, restored after)
  *         depth = torch._C._functorch.get_dynamic_layer_stack_depth()
- *         include, exclude = the local dispatch key sets     [C++ save instead]
+ *         {include, exclude = the local dispatch key sets}   [C++ save instead]
  *         _maybe_set_eval_frame(_callback_from_stance(callback))
- *         with torch._C._ForceDispatchKeyGuard(include, exclude):   [try:]
+ *         {with torch._C._ForceDispatchKeyGuard(include, exclude):}   [try:]
  *             try:
  *                 result = fn(*args, **kwargs)
  *             except (Unsupported, ...): re-raised, tracebacks of causes stripped
  *             except ShortenTraceback as e: raise e.remove_dynamo_frames() from None
  *             finally:
  *                 set_eval_frame(None)
- *                 (fullgraph: no compiled frame -> RuntimeError)
+ *                 (fullgraph: no compiled frame -> RuntimeError; 2.12: warn_once)
  *                 (error_on_graph_break, the nested-compile flag restored)
  *                 torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(depth)
  *                 set_skip_guard_eval_unsafe(prior_skip)
- *                 set_eval_frame_isolate_recompiles_id(prior_id)
+ *                 {set_eval_frame_isolate_recompiles_id(prior_id)}
  *                 for cleanup in cleanups: cleanup()
  *                                                   [finally: C++ restore]
  *         return result
  *     finally:
- *         if fg_count: set_fullgraph_compiled_frame_count(-1); dynamo_tls.skip_reasons = None
+ *         if fg_count: set_fullgraph_compiled_frame_count(-1); {dynamo_tls.skip_reasons = None}
  *         _maybe_set_eval_frame(prior)
  *
  * The helpers are Python functions of eval_frame (and the enter hook of
@@ -133,6 +136,14 @@ is_config_patcher(rt_cw_state *cw, PyObject *h)
         }
     }
     return PyDict_CheckExact(PyCell_GET(PyTuple_GET_ITEM(closure, 0)));
+}
+
+/* config patchers run in C: the release's form is mirrored (the 2.13 form
+ * with the config reader bound) */
+static int
+patcher_bound(rt_state *st)
+{
+    return st->cw.patcher_form >= 0;
 }
 
 /* hooks (self.enter_exit_hooks) are the ones a call in C runs: a list of at
@@ -235,6 +246,9 @@ steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
     }
     if (!rt_dict_unchanged(cw->globals, cw->globals_verified)) {
         for (int g = 0; g < RT_CWG_N; g++) {
+            if (cw->names[g] == NULL) {
+                continue; /* not read by this release's compile_wrapper */
+            }
             PyObject *v = PyDict_GetItemWithError(cw->globals, cw->names[g]);
             if (v != cw->expected[g]) {
                 return v == NULL && PyErr_Occurred() ? -1 : RT_CW_REPLACED;
@@ -320,7 +334,7 @@ steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
     if ((c->hooks = PyObject_GetAttr(c->ctx, cw->str_enter_exit_hooks)) == NULL) {
         return -1;
     }
-    if (!hooks_handled(cw, c->hooks, self->st->config_reader.mark_dirty != NULL)) {
+    if (!hooks_handled(cw, c->hooks, patcher_bound(self->st))) {
         return RT_CW_STATE;
     }
     /* install_generation_tagging_init has patched Module: through 2.14
@@ -549,10 +563,10 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
     rt_dispatch_keys keys = {NULL, NULL, NULL, NULL, {0, 0}};
     int keys_entered = 0;
     /* what each enter left, in order (cw_cleanup) */
-    cw_cleanup cleanups[CW_MAX_HOOKS] = {{{NULL, NULL, NULL}, NULL}};
+    cw_cleanup cleanups[CW_MAX_HOOKS] = {{{NULL, NULL, NULL, 0}, NULL}};
     PyObject *more_cleanups = NULL; /* past CW_MAX_HOOKS: a list grown by a hook */
     Py_ssize_t n_cleanups = 0;
-    int patcher_bound = self->st->config_reader.mark_dirty != NULL;
+    int patchers = patcher_bound(self->st);
 
     /* cleanups = [enter() for enter in self.enter_exit_hooks]: the live list,
      * as the comprehension iterates it (an enter's Python may change it);
@@ -573,9 +587,10 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
             Py_XDECREF(one);
             Py_XDECREF(next);
         }
-        else if (cl != NULL && patcher_bound && is_config_patcher(cw, h)) {
+        else if (cl != NULL && patchers && is_config_patcher(cw, h)) {
             /* a config patcher's change(); its cleanup revert() */
-            rc = rt_config_patch_enter(self->st, PyFunction_GET_CLOSURE(h), &cl->patch);
+            rc = rt_config_patch_enter(self->st, PyFunction_GET_CLOSURE(h),
+                                       (rt_patch_form)cw->patcher_form, &cl->patch);
         }
         else {
             PyObject *r = PyObject_CallNoArgs(h);
@@ -611,11 +626,13 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
     if (prior_skip == NULL) {
         goto done;
     }
-    PyObject *isolate = PyObject_GetAttr(c->ctx, cw->str_isolate_id);
-    prior_id = isolate ? call1(g[RT_CWG_SET_ISOLATE_ID], isolate) : NULL;
-    Py_XDECREF(isolate);
-    if (prior_id == NULL) {
-        goto done;
+    if (cw->isolate_recompiles) {
+        PyObject *isolate = PyObject_GetAttr(c->ctx, cw->str_isolate_id);
+        prior_id = isolate ? call1(g[RT_CWG_SET_ISOLATE_ID], isolate) : NULL;
+        Py_XDECREF(isolate);
+        if (prior_id == NULL) {
+            goto done;
+        }
     }
     if (!c->fullgraph && c->eog != Py_None) {
         PyObject *get_eog = PyDict_GetItemWithError(cw->globals, cw->str_get_eog);
@@ -630,7 +647,8 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
         if (current == NULL) {
             goto done;
         }
-        int differs = PyObject_RichCompareBool(current, c->eog, Py_NE);
+        /* 2.12: set whatever the current value */
+        int differs = cw->eog_where_differs ? PyObject_RichCompareBool(current, c->eog, Py_NE) : 1;
         if (differs > 0 && do1(set_eog, c->eog) == 0) {
             prior_eog = current;
         }
@@ -645,7 +663,7 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
     if (depth == NULL) {
         goto done;
     }
-    if (cw->save_keys == NULL && /* 2.13 */
+    if (cw->include_set != NULL && /* 2.13 */
         rt_dispatch_keys_read(self->st, cw->include_set, cw->exclude_set, &keys) < 0) {
         goto done;
     }
@@ -653,13 +671,13 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
     if (do1(g[RT_CWG_MAYBE_SET_EVAL_FRAME], c->callback) < 0) {
         goto done;
     }
-    if (cw->save_keys == NULL) {
+    if (cw->include_set != NULL) {
         if (rt_dispatch_keys_enter(self->st, cw->force_guard, &keys) < 0) {
             goto done;
         }
         keys_entered = 1;
     }
-    else if (do0(cw->save_keys) < 0) {
+    else if (cw->save_keys != NULL && do0(cw->save_keys) < 0) {
         goto done;
     }
 
@@ -685,6 +703,10 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
                 if (n == -1 && PyErr_Occurred()) {
                     ok = 0;
                 }
+                else if (n == 0 && cw->fullgraph == RT_CW_FG_WARN) {
+                    /* 2.12: torch._dynamo.utils.warn_once(...), whatever the stance */
+                    ok = do0(cw->fullgraph_warn) == 0;
+                }
                 else if (n == 0) {
                     PyObject *st_obj = PyDict_GetItemWithError(cw->globals, cw->str_stance_global);
                     PyObject *name = st_obj ? PyObject_GetAttr(st_obj, cw->str_stance) : NULL;
@@ -705,11 +727,14 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
             ok = set_eog != NULL && do1(set_eog, prior_eog) == 0;
         }
         if (ok && prior_nested != NULL) {
-            ok = do1(g[RT_CWG_SET_FG_NESTED], prior_nested) == 0;
+            /* 2.11: set_eval_frame_override(prior_eval_frame_override) */
+            ok = do1(g[cw->fullgraph == RT_CW_FG_OVERRIDE ? RT_CWG_SET_EF_OVERRIDE
+                                                          : RT_CWG_SET_FG_NESTED],
+                     prior_nested) == 0;
         }
         ok = ok && do1(cw->pop_depth, depth) == 0;
         ok = ok && do1(g[RT_CWG_SET_SKIP_GUARD], prior_skip) == 0;
-        ok = ok && do1(g[RT_CWG_SET_ISOLATE_ID], prior_id) == 0;
+        ok = ok && (prior_id == NULL || do1(g[RT_CWG_SET_ISOLATE_ID], prior_id) == 0);
         /* for cleanup in cleanups: cleanup() (torch.compile's: `nothing`) */
         for (Py_ssize_t i = 0; ok && i < n_cleanups && i < CW_MAX_HOOKS; i++) {
             ok = cw_cleanup_run(self->st, &cleanups[i]) == 0;
@@ -727,7 +752,7 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
             Py_CLEAR(result);
         }
     }
-    else {
+    else if (cw->restore_keys != NULL) {
         /* finally: torch._C._dynamo_restore_local_dispatch_key_set() */
         rt_pending_error saved;
         rt_finally_begin(&saved);
@@ -773,7 +798,28 @@ CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
     if (prior == NULL) {
         goto done;
     }
-    if (c.fullgraph) {
+    if (c.fullgraph && cw->fullgraph == RT_CW_FG_OVERRIDE) {
+        /* 2.11, before the try: set_eval_frame_override(_get_eval_frame_override()),
+         * whose body is `ERROR if torch._dynamo.config.error_on_... else SKIP` */
+        PyObject *flag = rt_config_read(self->st, g[RT_CWG_CONFIG], cw->str_nested_error_config);
+        int on = flag ? PyObject_IsTrue(flag) : -1;
+        Py_XDECREF(flag);
+        PyObject *override = NULL;
+        if (on >= 0) {
+            PyObject *members = PyDict_GetItemWithError(cw->globals, cw->names[RT_CWG_EF_OVERRIDE]);
+            if (members == NULL && !PyErr_Occurred()) {
+                PyErr_SetString(PyExc_NameError, "name '_EvalFrameOverride' is not defined");
+            }
+            override = members ? PyObject_GetAttr(members, on ? cw->str_error : cw->str_skip)
+                               : NULL;
+        }
+        prior_nested = override ? call1(g[RT_CWG_SET_EF_OVERRIDE], override) : NULL;
+        Py_XDECREF(override);
+        if (prior_nested == NULL) {
+            goto done;
+        }
+    }
+    else if (c.fullgraph) {
         /* before the try: an error here leaves `prior` unrestored, as upstream */
         PyObject *flag = rt_config_read(self->st, g[RT_CWG_CONFIG], cw->str_nested_error_config);
         prior_nested = flag ? call1(g[RT_CWG_SET_FG_NESTED], flag) : NULL;
@@ -794,7 +840,7 @@ CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
         if (fg_count < 0) {
             goto done;
         }
-        if (fg_count) {
+        if (fg_count && cw->fullgraph == RT_CW_FG_RAISE) {
             /* reset_skip_reasons(): dynamo_tls.skip_reasons = [] */
             PyObject *empty = PyList_New(0);
             int rc = empty ? PyObject_SetAttr(g[RT_CWG_DYNAMO_TLS], cw->str_skip_reasons, empty)
@@ -815,7 +861,8 @@ CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
             PyObject *minus = PyLong_FromLong(-1);
             ok = minus != NULL && do1(g[RT_CWG_SET_FG_COUNT], minus) == 0;
             Py_XDECREF(minus);
-            ok = ok && PyObject_SetAttr(g[RT_CWG_DYNAMO_TLS], cw->str_skip_reasons, Py_None) == 0;
+            ok = ok && (cw->fullgraph != RT_CW_FG_RAISE ||
+                        PyObject_SetAttr(g[RT_CWG_DYNAMO_TLS], cw->str_skip_reasons, Py_None) == 0);
         }
         ok = ok && do1(g[RT_CWG_MAYBE_SET_EVAL_FRAME], prior) == 0;
         if (rt_finally_end(&saved, ok) < 0) {
@@ -993,7 +1040,8 @@ PyType_Spec CompileWrapper_spec = {
     X(str_generation) X(str_stance) X(str_default) X(str_backend)              \
     X(str_skip_guard) X(str_stance_global) X(str_nested_error_config)          \
     X(str_verbose) X(str_skip_reasons) X(str_depth) X(str_with_traceback)      \
-    X(str_remove_dynamo_frames) X(str_get_eog) X(str_set_eog)
+    X(str_remove_dynamo_frames) X(str_get_eog) X(str_set_eog) X(fullgraph_warn)      \
+    X(str_error) X(str_skip) X(str_config) X(str_user_override) X(str_get) X(str_set)
 
 int
 rt_cw_traverse(rt_cw_state *cw, visitproc visit, void *arg)
@@ -1019,6 +1067,7 @@ rt_cw_clear(rt_cw_state *cw)
         Py_CLEAR(cw->expected[g]);
     }
     cw->globals_verified = 0;
+    cw->patcher_form = -1;
 }
 
 /* the eval_frame globals, by rt_cw_global */
@@ -1037,7 +1086,33 @@ static const char *const global_names[RT_CWG_N] = {
     [RT_CWG_TORCH] = "torch",
     [RT_CWG_CONFIG] = "config",
     [RT_CWG_DYNAMO_TLS] = "dynamo_tls",
+    [RT_CWG_SET_EF_OVERRIDE] = "set_eval_frame_override",
+    [RT_CWG_GET_EF_OVERRIDE] = "_get_eval_frame_override",
+    [RT_CWG_EF_OVERRIDE] = "_EvalFrameOverride",
 };
+
+/* global g is read by a compile_wrapper of this fullgraph form, isolate */
+static int
+global_read(int g, rt_cw_fullgraph fullgraph, int isolate)
+{
+    switch (g) {
+    case RT_CWG_SET_ISOLATE_ID:
+        return isolate;
+    case RT_CWG_RESET_SKIP_REASONS:
+    case RT_CWG_GET_SKIP_REASONS:
+    case RT_CWG_DYNAMO_TLS:
+        return fullgraph == RT_CW_FG_RAISE;
+    case RT_CWG_SET_FG_NESTED:
+    case RT_CWG_SET_FG_COUNT:
+        return fullgraph != RT_CW_FG_OVERRIDE;
+    case RT_CWG_SET_EF_OVERRIDE:
+    case RT_CWG_GET_EF_OVERRIDE:
+    case RT_CWG_EF_OVERRIDE:
+        return fullgraph == RT_CW_FG_OVERRIDE;
+    default:
+        return 1;
+    }
+}
 
 PyObject *
 rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
@@ -1049,33 +1124,58 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
         "get_depth",
         "pop_depth", "include_set", "exclude_set", "force_guard", "save_keys",
         "restore_keys", "eager_nested", "fx_flag_tls", "tag_patch_attr", "tag_patch_present",
-        "compiler_errors", "shorten_traceback", NULL};
+        "compiler_errors", "shorten_traceback", "isolate_recompiles", "eog_where_differs",
+        "patcher", "fullgraph", "fullgraph_warn", NULL};
     PyObject *code, *cells, *coe, *oe, *patcher, *eval_frame, *stance, *guards, *compiler, *fx;
     PyObject *jit;
     PyObject *module_cls, *tracker, *get_depth, *pop_depth, *include_set, *exclude_set;
     PyObject *force_guard, *save_keys, *restore_keys, *eager_nested, *fx_flag_tls, *errors;
-    PyObject *shorten, *tag_patch;
-    int tag_patch_present;
+    PyObject *shorten, *tag_patch, *fullgraph_warn;
+    const char *patcher_name, *fullgraph_name;
+    int tag_patch_present, isolate_recompiles, eog_where_differs;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "$O!O!O!O!O!O!O!O!O!O!OO!OOOOOOOOOOUpO!O:_bind_compile_wrapper", keywords,
+            args, kwargs, "$O!O!O!O!O!O!O!O!O!O!OO!OOOOOOOOOOUpO!OppzsO:_bind_compile_wrapper",
+            keywords,
             &PyCode_Type, &code, &PyTuple_Type, &cells, &PyCode_Type, &coe, &PyCode_Type, &oe,
             &PyCode_Type, &patcher,
             &PyModule_Type, &eval_frame, &PyType_Type, &stance, &PyModule_Type, &guards,
             &PyModule_Type, &compiler, &PyModule_Type, &fx, &jit, &PyType_Type, &module_cls,
             &tracker, &get_depth, &pop_depth, &include_set, &exclude_set, &force_guard,
             &save_keys, &restore_keys, &eager_nested, &fx_flag_tls, &tag_patch,
-            &tag_patch_present, &PyTuple_Type, &errors, &shorten)) {
+            &tag_patch_present, &PyTuple_Type, &errors, &shorten, &isolate_recompiles,
+            &eog_where_differs, &patcher_name, &fullgraph_name, &fullgraph_warn)) {
+        return NULL;
+    }
+    static const char *const fullgraph_forms[] = {
+        [RT_CW_FG_RAISE] = "raise", [RT_CW_FG_WARN] = "warn", [RT_CW_FG_OVERRIDE] = "override"};
+    static const char *const patcher_forms[] = {
+        [RT_PATCH_VAR_MARKED] = "var_marked", [RT_PATCH_VAR] = "var",
+        [RT_PATCH_ATTRIBUTE] = "attribute"};
+    int fg_form = -1, patcher_form = -1;
+    for (int i = 0; i < 3; i++) {
+        if (strcmp(fullgraph_name, fullgraph_forms[i]) == 0) {
+            fg_form = i;
+        }
+        if (patcher_name != NULL && strcmp(patcher_name, patcher_forms[i]) == 0) {
+            patcher_form = i;
+        }
+    }
+    if (fg_form < 0 || (patcher_name != NULL && patcher_form < 0) ||
+        (fg_form == RT_CW_FG_WARN) != (fullgraph_warn != Py_None)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "_bind_compile_wrapper: fullgraph 'raise', 'warn' (with fullgraph_warn) "
+                        "or 'override'; patcher None, 'var_marked', 'var' or 'attribute'");
         return NULL;
     }
     int keys_cpp = save_keys != Py_None;
-    if (PyTuple_GET_SIZE(cells) != 5 ||
-        keys_cpp != (restore_keys != Py_None) ||
-        keys_cpp == (force_guard != Py_None) ||
-        keys_cpp == (include_set != Py_None) || keys_cpp == (exclude_set != Py_None)) {
+    int keys_guard = force_guard != Py_None;
+    if (PyTuple_GET_SIZE(cells) != 5 || keys_cpp != (restore_keys != Py_None) ||
+        keys_guard != (include_set != Py_None) || keys_guard != (exclude_set != Py_None) ||
+        (keys_cpp && keys_guard) || (fullgraph_warn != Py_None && !PyCallable_Check(fullgraph_warn))) {
         PyErr_SetString(PyExc_ValueError,
                         "_bind_compile_wrapper: five cell indices; the dispatch keys saved "
-                        "either by save_keys/restore_keys or by include_set/exclude_set/"
-                        "force_guard");
+                        "by save_keys/restore_keys, by include_set/exclude_set/force_guard, "
+                        "or not at all; fullgraph_warn None or callable");
         return NULL;
     }
     rt_state *st = PyModule_GetState(module);
@@ -1092,6 +1192,9 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
     }
     PyObject *globals = PyModule_GetDict(eval_frame);
     for (int g = 0; g < RT_CWG_N; g++) {
+        if (!global_read(g, (rt_cw_fullgraph)fg_form, isolate_recompiles)) {
+            continue;
+        }
         PyObject *name = PyUnicode_InternFromString(global_names[g]);
         if (name == NULL) {
             rt_cw_clear(cw);
@@ -1137,6 +1240,12 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
         {offsetof(rt_cw_state, str_remove_dynamo_frames), "remove_dynamo_frames"},
         {offsetof(rt_cw_state, str_get_eog), "_get_error_on_graph_break"},
         {offsetof(rt_cw_state, str_set_eog), "_set_error_on_graph_break"},
+        {offsetof(rt_cw_state, str_error), "ERROR"},
+        {offsetof(rt_cw_state, str_skip), "SKIP"},
+        {offsetof(rt_cw_state, str_config), "_config"},
+        {offsetof(rt_cw_state, str_user_override), "user_override"},
+        {offsetof(rt_cw_state, str_get), "get"},
+        {offsetof(rt_cw_state, str_set), "set"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         PyObject *s = PyUnicode_InternFromString(names[i].text);
@@ -1171,7 +1280,7 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
         cw->save_keys = Py_NewRef(save_keys);
         cw->restore_keys = Py_NewRef(restore_keys);
     }
-    else {
+    else if (keys_guard) {
         cw->include_set = Py_NewRef(include_set);
         cw->exclude_set = Py_NewRef(exclude_set);
         cw->force_guard = Py_NewRef(force_guard);
@@ -1182,6 +1291,11 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
     PyUnicode_InternInPlace(&tag_patch);
     cw->str_tag_patch = tag_patch;
     cw->tag_patch_present = tag_patch_present;
+    cw->isolate_recompiles = isolate_recompiles;
+    cw->eog_where_differs = eog_where_differs;
+    cw->patcher_form = patcher_form;
+    cw->fullgraph = (rt_cw_fullgraph)fg_form;
+    cw->fullgraph_warn = fullgraph_warn == Py_None ? NULL : Py_NewRef(fullgraph_warn);
     cw->exc_compiler_error = Py_NewRef(errors);
     cw->exc_shorten = Py_NewRef(shorten);
     cw->code = Py_NewRef(code); /* last: it marks the state bound */

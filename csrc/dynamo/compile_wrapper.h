@@ -25,7 +25,18 @@ enum rt_cw_count {
 
 /* The module globals of torch/_dynamo/eval_frame.py compile_wrapper reads
  * by name per call, where C does what they do: each must still be the
- * object bound (else the call is upstream's). */
+ * object bound (else the call is upstream's). Those a release's
+ * compile_wrapper does not read (2.12: the isolate-recompiles id, the skip
+ * reasons; 2.11 those and the fullgraph flag and count, where it has the
+ * eval-frame override) are not bound (names[g] NULL). */
+
+/* What fullgraph=True does around the call (_versions.Release.
+ * compile_wrapper_fullgraph). */
+typedef enum {
+    RT_CW_FG_RAISE,    /* 2.13 on: nested flag, frame count, skip reasons, RuntimeError */
+    RT_CW_FG_WARN,     /* 2.12: nested flag, frame count, warn_once */
+    RT_CW_FG_OVERRIDE, /* 2.11: set_eval_frame_override(_get_eval_frame_override()) */
+} rt_cw_fullgraph;
 enum rt_cw_global {
     RT_CWG_SET_EVAL_FRAME,
     RT_CWG_MAYBE_SET_EVAL_FRAME,
@@ -41,6 +52,9 @@ enum rt_cw_global {
     RT_CWG_TORCH,
     RT_CWG_CONFIG,
     RT_CWG_DYNAMO_TLS,
+    RT_CWG_SET_EF_OVERRIDE,        /* 2.11: set_eval_frame_override */
+    RT_CWG_GET_EF_OVERRIDE,        /* 2.11: _get_eval_frame_override */
+    RT_CWG_EF_OVERRIDE,            /* 2.11: _EvalFrameOverride */
     RT_CWG_N
 };
 
@@ -66,10 +80,19 @@ typedef struct {
     PyObject *generation_tracker; /* mutation_guard.GenerationTracker: generation += 1 */
     PyObject *get_depth, *pop_depth; /* torch._C._functorch dynamic layer stack */
     /* 2.13: include/exclude sets and _ForceDispatchKeyGuard; 2.14 on: the
-     * C++ save/restore of the local dispatch key set (save_keys != NULL) */
+     * C++ save/restore of the local dispatch key set (save_keys != NULL);
+     * 2.12: neither (all NULL) */
     PyObject *include_set, *exclude_set, *force_guard;
     PyObject *save_keys, *restore_keys;
     PyObject *eager_nested;       /* 2.14 on: _force_eager_nested_compile (threading.local) */
+    /* what the release's compile_wrapper does (_versions.Release.compile_wrapper_*) */
+    int isolate_recompiles;       /* sets and restores the isolate-recompiles id (2.13 on) */
+    int eog_where_differs;        /* sets error_on_graph_break only where it differs (2.13 on) */
+    int patcher_form;             /* the config patchers' rt_patch_form (config_patch.h),
+                                   * -1: patchers are upstream's */
+    rt_cw_fullgraph fullgraph;
+    PyObject *fullgraph_warn;     /* RT_CW_FG_WARN: compile_wrapper's warn_once line, a
+                                   * function of eval_frame.py; else NULL */
     PyObject *exc_compiler_error; /* (Unsupported, UncapturedHigherOrderOpError, UserError) */
     PyObject *exc_shorten;        /* ShortenTraceback */
     /* interned attribute names */
@@ -78,7 +101,9 @@ typedef struct {
     PyObject *str_fx_flag, *str_flag, *str_tag_patch, *str_generation, *str_stance, *str_default;
     PyObject *str_backend, *str_skip_guard, *str_stance_global, *str_nested_error_config;
     PyObject *str_verbose, *str_skip_reasons, *str_depth, *str_with_traceback;
-    PyObject *str_remove_dynamo_frames, *str_get_eog, *str_set_eog;
+    PyObject *str_remove_dynamo_frames, *str_get_eog, *str_set_eog, *str_error, *str_skip;
+    /* the config patchers' names (config_patch.c) */
+    PyObject *str_config, *str_user_override, *str_get, *str_set;
     Py_ssize_t counts[RT_CW_N];
 } rt_cw_state;
 
