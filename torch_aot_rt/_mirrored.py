@@ -237,6 +237,7 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_is_skip_guard_eval_unsafe_stance",
         "reset_skip_reasons",
         "get_skip_reasons",
+        "_get_eval_frame_override",  # 2.11: its body inlined under fullgraph
         "_is_eager_on_nested_compile",
         "_force_eager_nested_compile",
         # the config patcher dynamic= adds to the enter hooks (called as is)
