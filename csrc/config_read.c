@@ -20,6 +20,10 @@
  *         (deep-copied into user_override)
  *     return config.default
  *
+ * 2.11's (attribute_overrides): no deprecation warning, `config.user_override`
+ * a plain attribute (`is not _UNSET_SENTINEL` -> it), and only a default of
+ * (list, set, dict) is copied (there is no _IMMUTABLE_CONFIG_TYPES).
+ *
  * C returns the value where that is all the read does; everything else (a
  * hidden, deprecated-and-not-yet-warned, aliased or justknob setting, a
  * mutable default, a missing one) is Python's own read, which re-reads the
@@ -76,6 +80,9 @@ class_reaches_getattr(rt_config_reader *r, PyTypeObject *tp, PyObject *name)
     }
     for (int m = 0; m < RT_CFGM_N; m++) {
         int error;
+        if (r->method_names[m] == NULL) {
+            continue; /* 2.11: no _warn_if_deprecated */
+        }
         PyObject *found = mro_lookup(tp, r->method_names[m], &error);
         if (found != r->methods[m]) {
             return error ? -1 : 0;
@@ -213,6 +220,9 @@ resolve(rt_config_reader *r, PyObject *config, PyObject *name, PyObject **entry,
                            r->method_names[RT_CFGM_ALIAS_VAL],
                            r->method_names[RT_CFGM_ALIAS_NAME]};
     for (size_t i = 0; i < sizeof(shadows) / sizeof(shadows[0]); i++) {
+        if (shadows[i] == NULL) {
+            continue;
+        }
         if (PyDict_GetItemWithError(mdict, shadows[i]) != NULL || PyErr_Occurred()) {
             return PyErr_Occurred() ? -1 : 0;
         }
@@ -222,7 +232,11 @@ resolve(rt_config_reader *r, PyObject *config, PyObject *name, PyObject **entry,
         return PyErr_Occurred() ? -1 : 0;
     }
     PyObject *unset = PyDict_GetItemWithError(r->globals, r->str_unset);
-    PyObject *immutable = unset ? PyDict_GetItemWithError(r->globals, r->str_immutable) : NULL;
+    /* 2.11: the types whose default is copied, (list, set, dict) */
+    PyObject *immutable = unset == NULL ? NULL
+                          : r->attribute_overrides
+                              ? r->copied_types
+                              : PyDict_GetItemWithError(r->globals, r->str_immutable);
     if (immutable == NULL) {
         return PyErr_Occurred() ? -1 : 0;
     }
@@ -278,13 +292,15 @@ read_in_c(rt_config_reader *r, PyObject *config, PyObject *name, PyObject **out)
     if (t) {
         goto done; /* hidden: Python raises */
     }
-    READ(r->str_deprecated);
-    TRUTH(t);
-    if (t) {
-        READ(r->str_warned);
+    if (!r->attribute_overrides) {
+        READ(r->str_deprecated);
         TRUTH(t);
-        if (!t) {
-            goto done; /* Python warns, once */
+        if (t) {
+            READ(r->str_warned);
+            TRUTH(t);
+            if (!t) {
+                goto done; /* Python warns, once */
+            }
         }
     }
     READ(r->str_alias);
@@ -296,10 +312,15 @@ read_in_c(rt_config_reader *r, PyObject *config, PyObject *name, PyObject **out)
         goto found;
     }
     READ(r->str_user_override);
-    if (!PyContextVar_CheckExact(v)) {
+    if (r->attribute_overrides) {
+        if (v != unset) {
+            goto found; /* 2.11: the attribute itself */
+        }
+    }
+    else if (!PyContextVar_CheckExact(v)) {
         goto done;
     }
-    {
+    else {
         PyObject *value = NULL;
         if (PyContextVar_Get(v, NULL, &value) < 0) {
             rc = -1;
@@ -323,8 +344,9 @@ read_in_c(rt_config_reader *r, PyObject *config, PyObject *name, PyObject **out)
     }
     READ(r->str_default);
     t = PyObject_IsInstance(v, immutable);
-    if (t <= 0) {
-        rc = t; /* a mutable default: Python copies it into user_override */
+    if (r->attribute_overrides ? t != 0 : t <= 0) {
+        /* a mutable default: Python copies it into user_override */
+        rc = t < 0 ? -1 : 0;
         goto done;
     }
 found:
@@ -386,6 +408,7 @@ rt_config_reader_traverse(rt_config_reader *r, visitproc visit, void *arg)
     Py_VISIT(r->config_module);
     Py_VISIT(r->globals);
     Py_VISIT(r->mark_dirty);
+    Py_VISIT(r->copied_types);
     Py_VISIT(r->module_getattribute);
 #define VISIT(f, text) Py_VISIT(r->f);
     CFG_STRINGS(VISIT)
@@ -416,6 +439,8 @@ rt_config_reader_clear(rt_config_reader *r)
     Py_CLEAR(r->config_module);
     Py_CLEAR(r->globals);
     Py_CLEAR(r->mark_dirty);
+    Py_CLEAR(r->copied_types);
+    r->attribute_overrides = 0;
     Py_CLEAR(r->module_getattribute);
 #define CLEAR(f, text) Py_CLEAR(r->f);
     CFG_STRINGS(CLEAR)
@@ -435,8 +460,15 @@ rt_config_reader_clear(rt_config_reader *r)
 }
 
 PyObject *
-rt_bind_config_read(PyObject *module, PyObject *config_module)
+rt_bind_config_read(PyObject *module, PyObject *args, PyObject *kwargs)
 {
+    static char *keywords[] = {"config_module", "attribute_overrides", NULL};
+    PyObject *config_module;
+    int attribute_overrides = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$p:_bind_config_read", keywords,
+                                     &config_module, &attribute_overrides)) {
+        return NULL;
+    }
     rt_state *st = PyModule_GetState(module);
     rt_config_reader *r = &st->config_reader;
     if (!PyType_Check(config_module) ||
@@ -463,7 +495,18 @@ rt_bind_config_read(PyObject *module, PyObject *config_module)
     }
     CFG_STRINGS(INTERN)
 #undef INTERN
+    r->attribute_overrides = attribute_overrides;
+    if (attribute_overrides) {
+        r->copied_types = PyTuple_Pack(3, (PyObject *)&PyList_Type, (PyObject *)&PySet_Type,
+                                       (PyObject *)&PyDict_Type);
+        if (r->copied_types == NULL) {
+            goto error;
+        }
+    }
     for (int m = 0; m < RT_CFGM_N; m++) {
+        if (attribute_overrides && m == RT_CFGM_WARN) {
+            continue; /* 2.11's __getattr__ warns of nothing */
+        }
         r->method_names[m] = PyUnicode_InternFromString(method_names[m]);
         if (r->method_names[m] == NULL) {
             goto error;

@@ -1,6 +1,6 @@
 /* config_read: a read of one torch config setting (torch._dynamo.config.x,
  * torch._functorch.config.x) in C, as ConfigModule.__getattr__
- * (torch/utils/_config_module.py, 2.12 on) returns it, for the settings the
+ * (torch/utils/_config_module.py; 2.11's form too) returns it, for the settings the
  * layers read per call (see config_read.c). Bound once by
  * _C._bind_config_read where the release entry says the source is the one
  * mirrored; unbound, a read is PyObject_GetAttr. */
@@ -45,6 +45,9 @@ typedef struct {
 
 typedef struct {
     PyTypeObject *config_module;          /* ConfigModule, or NULL: not bound */
+    int attribute_overrides;              /* 2.11: user_override a plain attribute, no
+                                           * deprecation, list/set/dict defaults copied */
+    PyObject *copied_types;               /* 2.11: (list, set, dict) */
     PyObject *globals;                    /* torch.utils._config_module.__dict__ */
     PyObject *method_names[RT_CFGM_N];
     PyObject *methods[RT_CFGM_N];         /* the functions in ConfigModule.__dict__ */
@@ -70,9 +73,10 @@ typedef struct {
 struct rt_state;
 /* config.<name> (a new reference), as Python's attribute read returns it */
 PyObject *rt_config_read(struct rt_state *st, PyObject *config, PyObject *name);
-/* _C._bind_config_read(config_module): ConfigModule, once the shim checked
+/* _C._bind_config_read(config_module, *, attribute_overrides=False):
+ * ConfigModule (2.11's form: attribute_overrides), once the shim checked
  * the release mirrors its __getattr__ */
-PyObject *rt_bind_config_read(PyObject *module, PyObject *config_module);
+PyObject *rt_bind_config_read(PyObject *module, PyObject *args, PyObject *kwargs);
 /* _C._config_read(config, name) */
 PyObject *rt_config_read_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* _C._config_read_stats(reset=False) */

@@ -112,8 +112,10 @@ static PyMethodDef module_methods[] = {
     {"_compile_wrapper_for", rt_compile_wrapper_for, METH_O,
      PyDoc_STR("_compile_wrapper_for(wrapper)\nwrapper, or a CompileWrapper over it when it "
                "is the verified compile_wrapper (counted).")},
-    {"_bind_config_read", rt_bind_config_read, METH_O,
-     PyDoc_STR("_bind_config_read(ConfigModule)\nRead the config settings the layers read "
+    {"_bind_config_read", (PyCFunction)(void (*)(void))rt_bind_config_read,
+     METH_VARARGS | METH_KEYWORDS,
+     PyDoc_STR("_bind_config_read(ConfigModule, *, attribute_overrides=False)\nRead the "
+               "config settings the layers read "
                "per call in C, as ConfigModule.__getattr__ returns them (once the shim "
                "checked the release mirrors it).")},
     {"_config_read", (PyCFunction)(void (*)(void))rt_config_read_py, METH_FASTCALL,

@@ -116,10 +116,7 @@ def install(release) -> list | str:
         shorten_traceback=exc.ShortenTraceback,
         isolate_recompiles=release.compile_wrapper_isolate_recompiles,
         eog_where_differs=release.compile_wrapper_eog_where_differs,
-        # the 2.13 form marks keys dirty through the config reader's binding
-        patcher=(release.config_patcher
-                 if release.config_patcher != "var_marked" or release.config_read_mirrored
-                 else None),
+        patcher=release.config_patcher,
         fullgraph=release.compile_wrapper_fullgraph,
         fullgraph_warn=fullgraph_warn,
     )

@@ -274,10 +274,10 @@ def _bind(rw, rel) -> None:
         cpp=capsule,
     )
     _state.installed["cpp"] = (cpp_module, cpp_reason)
-    if rel.config_read_mirrored:
-        import torch.utils._config_module as config_module
+    import torch.utils._config_module as config_module
 
-        _C._bind_config_read(config_module.ConfigModule)
+    _C._bind_config_read(config_module.ConfigModule,
+                         attribute_overrides=rel.config_read == "attribute")
 
 
 def _close(torch, reason: str) -> None:

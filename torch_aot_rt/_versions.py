@@ -223,11 +223,12 @@ class Release:
     # attribute; prior read as config[k].user_override).
     config_patcher: str = "var_marked"
     # --- a config setting read per call (csrc/config_read.c) ---
-    # ConfigModule.__getattr__ reads a ContextVar user override, warns once
-    # on a deprecated setting and deep-copies every default not of
-    # _IMMUTABLE_CONFIG_TYPES (2.12 on); 2.11's keeps the override in a plain
-    # attribute and copies list/set/dict defaults only: its reads stay Python's
-    config_read_mirrored: bool = True
+    # ConfigModule.__getattr__: "var" (2.12 on) reads a ContextVar user
+    # override, warns once on a deprecated setting and deep-copies every
+    # default not of _IMMUTABLE_CONFIG_TYPES; "attribute" (2.11) reads the
+    # override as a plain attribute, has no deprecation, and copies
+    # list/set/dict defaults only -> _bind_config_read(attribute_overrides=).
+    config_read: str = "var"
     # --- the pregraph bytecode hooks (csrc/dynamo/bytecode_helper.c) ---
     # the transformed bytecode calls torch._dynamo.utils.
     # record_pregraph_bytecode_enter/_exit (torch._disable_dynamo'd) on every
@@ -324,6 +325,8 @@ class Release:
             raise ValueError(f"compile_wrapper_fullgraph {self.compile_wrapper_fullgraph!r}")
         if self.config_patcher not in ("var_marked", "var", "attribute"):
             raise ValueError(f"config_patcher {self.config_patcher!r}")
+        if self.config_read not in ("var", "attribute"):
+            raise ValueError(f"config_read {self.config_read!r}")
 
     @property
     def name(self) -> str:
@@ -396,7 +399,7 @@ VERIFIED: tuple[Release, ...] = (
         surviving_grad_attr="requires_grad",
         tangent_error_context=False,
         downgrade_keeps_grad_enabled_mutation=False,
-        config_read_mirrored=False,
+        config_read="attribute",
     ),
     _REL_212,
     Release(
