@@ -2,7 +2,7 @@
  * a function, and OptimizedModule's forward) in C (see compile_wrapper.c).
  * The state it reads, bound once by _C._bind_compile_wrapper after the shim
  * verified what it mirrors (torch_aot_rt/_compile_wrapper.py), kept in
- * rt_state. */
+ * rt_state (compile_wrapper_bind.c). */
 #ifndef TORCH_AOT_RT_DYNAMO_COMPILE_WRAPPER_H
 #define TORCH_AOT_RT_DYNAMO_COMPILE_WRAPPER_H
 
