@@ -103,10 +103,10 @@ mark_dirty(rt_config_reader *r, PyObject *self, PyObject *name)
 static int
 apply_one(rt_state *st, rt_config_patch *p, PyObject *k, PyObject *v)
 {
-    rt_cw_state *n = &st->cw;
+    rt_config_reader *r = &st->config_reader;
     PyObject *self = p->self;
     int marked = p->form == RT_PATCH_VAR_MARKED;
-    PyObject *config = marked ? Py_NewRef(p->config) : PyObject_GetAttr(self, n->str_config);
+    PyObject *config = marked ? Py_NewRef(p->config) : PyObject_GetAttr(self, r->str_config);
     PyObject *entry = config ? PyObject_GetItem(config, k) : NULL;
     Py_XDECREF(config);
     if (entry == NULL) {
@@ -114,18 +114,17 @@ apply_one(rt_state *st, rt_config_patch *p, PyObject *k, PyObject *v)
     }
     int rc;
     if (p->form == RT_PATCH_ATTRIBUTE) {
-        rc = PyObject_SetAttr(entry, n->str_user_override, v);
+        rc = PyObject_SetAttr(entry, r->str_user_override, v);
         Py_DECREF(entry);
         return rc;
     }
-    PyObject *var = PyObject_GetAttr(entry, n->str_user_override);
+    PyObject *var = PyObject_GetAttr(entry, r->str_user_override);
     Py_DECREF(entry);
-    rc = var ? call_method1(var, n->str_set, v) : -1;
+    rc = var ? call_method1(var, r->str_set, v) : -1;
     Py_XDECREF(var);
     if (rc < 0 || !marked) {
         return rc;
     }
-    rt_config_reader *r = &st->config_reader;
     PyObject *hash_var = PyObject_GetAttr(self, r->str_hash_dirty_var);
     rc = hash_var ? call_method1(hash_var, r->str_set, Py_True) : -1;
     Py_XDECREF(hash_var);
@@ -155,7 +154,7 @@ apply_all(rt_state *st, rt_config_patch *p, PyObject *pairs)
 int
 rt_config_patch_enter(rt_state *st, PyObject *closure, rt_patch_form form, rt_config_patch *p)
 {
-    rt_cw_state *n = &st->cw;
+    rt_config_reader *r = &st->config_reader;
     p->self = p->config = p->prior = NULL;
     p->form = form;
     if (closure == NULL || !PyTuple_Check(closure) || PyTuple_GET_SIZE(closure) != 3) {
@@ -186,10 +185,10 @@ rt_config_patch_enter(rt_state *st, PyObject *closure, rt_patch_form form, rt_co
     while (PyDict_Next(changes, &pos, &k, &v)) {
         Py_INCREF(k);
         PyObject *entry = PyObject_GetItem(config, k);
-        PyObject *var = entry ? PyObject_GetAttr(entry, n->str_user_override) : NULL;
+        PyObject *var = entry ? PyObject_GetAttr(entry, r->str_user_override) : NULL;
         PyObject *old = var == NULL || form == RT_PATCH_ATTRIBUTE
                             ? Py_XNewRef(var)
-                            : PyObject_CallMethodNoArgs(var, n->str_get);
+                            : PyObject_CallMethodNoArgs(var, r->str_get);
         int rc = old ? PyDict_SetItem(p->prior, k, old) : -1;
         Py_XDECREF(entry);
         Py_XDECREF(var);

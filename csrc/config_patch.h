@@ -31,8 +31,7 @@ typedef struct {
 
 /* change(): closure is the patcher function's (changes, config, self)
  * cells. 0, or -1 with an exception (after what ran of it, as Python). The
- * names it uses are compile_wrapper's (rt_cw_state); RT_PATCH_VAR_MARKED
- * also the config reader's, bound. */
+ * names it uses are the config reader's: it must be bound. */
 int rt_config_patch_enter(struct rt_state *st, PyObject *closure, rt_patch_form form,
                           rt_config_patch *p);
 /* revert(): 0, or -1 with an exception. */

@@ -138,12 +138,12 @@ is_config_patcher(rt_cw_state *cw, PyObject *h)
     return PyDict_CheckExact(PyCell_GET(PyTuple_GET_ITEM(closure, 0)));
 }
 
-/* config patchers run in C: the release's form is mirrored (the 2.13 form
- * with the config reader bound) */
+/* config patchers run in C: the config reader, whose names they use, is
+ * bound */
 static int
 patcher_bound(rt_state *st)
 {
-    return st->cw.patcher_form >= 0;
+    return st->config_reader.config_module != NULL;
 }
 
 /* hooks (self.enter_exit_hooks) are the ones a call in C runs: a list of at

@@ -88,8 +88,7 @@ typedef struct {
     /* what the release's compile_wrapper does (_versions.Release.compile_wrapper_*) */
     int isolate_recompiles;       /* sets and restores the isolate-recompiles id (2.13 on) */
     int eog_where_differs;        /* sets error_on_graph_break only where it differs (2.13 on) */
-    int patcher_form;             /* the config patchers' rt_patch_form (config_patch.h),
-                                   * -1: patchers are upstream's */
+    int patcher_form;             /* the config patchers' rt_patch_form (config_patch.h) */
     rt_cw_fullgraph fullgraph;
     PyObject *fullgraph_warn;     /* RT_CW_FG_WARN: compile_wrapper's warn_once line, a
                                    * function of eval_frame.py; else NULL */
@@ -102,8 +101,6 @@ typedef struct {
     PyObject *str_backend, *str_skip_guard, *str_stance_global, *str_nested_error_config;
     PyObject *str_verbose, *str_skip_reasons, *str_depth, *str_with_traceback;
     PyObject *str_remove_dynamo_frames, *str_get_eog, *str_set_eog, *str_error, *str_skip;
-    /* the config patchers' names (config_patch.c) */
-    PyObject *str_config, *str_user_override, *str_get, *str_set;
     Py_ssize_t counts[RT_CW_N];
 } rt_cw_state;
 

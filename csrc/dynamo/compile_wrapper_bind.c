@@ -24,8 +24,8 @@
     X(str_generation) X(str_stance) X(str_default) X(str_backend)              \
     X(str_skip_guard) X(str_stance_global) X(str_nested_error_config)          \
     X(str_verbose) X(str_skip_reasons) X(str_depth) X(str_with_traceback)      \
-    X(str_remove_dynamo_frames) X(str_get_eog) X(str_set_eog) X(fullgraph_warn)      \
-    X(str_error) X(str_skip) X(str_config) X(str_user_override) X(str_get) X(str_set)
+    X(str_remove_dynamo_frames) X(str_get_eog) X(str_set_eog) X(fullgraph_warn)  \
+    X(str_error) X(str_skip)
 
 int
 rt_cw_traverse(rt_cw_state *cw, visitproc visit, void *arg)
@@ -51,7 +51,6 @@ rt_cw_clear(rt_cw_state *cw)
         Py_CLEAR(cw->expected[g]);
     }
     cw->globals_verified = 0;
-    cw->patcher_form = -1;
 }
 
 /* the eval_frame globals, by rt_cw_global */
@@ -118,7 +117,7 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
     const char *patcher_name, *fullgraph_name;
     int tag_patch_present, isolate_recompiles, eog_where_differs;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "$O!O!O!O!O!O!O!O!O!O!OO!OOOOOOOOOOUpO!OppzsO:_bind_compile_wrapper",
+            args, kwargs, "$O!O!O!O!O!O!O!O!O!O!OO!OOOOOOOOOOUpO!OppssO:_bind_compile_wrapper",
             keywords,
             &PyCode_Type, &code, &PyTuple_Type, &cells, &PyCode_Type, &coe, &PyCode_Type, &oe,
             &PyCode_Type, &patcher,
@@ -140,15 +139,15 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
         if (strcmp(fullgraph_name, fullgraph_forms[i]) == 0) {
             fg_form = i;
         }
-        if (patcher_name != NULL && strcmp(patcher_name, patcher_forms[i]) == 0) {
+        if (strcmp(patcher_name, patcher_forms[i]) == 0) {
             patcher_form = i;
         }
     }
-    if (fg_form < 0 || (patcher_name != NULL && patcher_form < 0) ||
+    if (fg_form < 0 || patcher_form < 0 ||
         (fg_form == RT_CW_FG_WARN) != (fullgraph_warn != Py_None)) {
         PyErr_SetString(PyExc_ValueError,
                         "_bind_compile_wrapper: fullgraph 'raise', 'warn' (with fullgraph_warn) "
-                        "or 'override'; patcher None, 'var_marked', 'var' or 'attribute'");
+                        "or 'override'; patcher 'var_marked', 'var' or 'attribute'");
         return NULL;
     }
     int keys_cpp = save_keys != Py_None;
@@ -226,10 +225,6 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
         {offsetof(rt_cw_state, str_set_eog), "_set_error_on_graph_break"},
         {offsetof(rt_cw_state, str_error), "ERROR"},
         {offsetof(rt_cw_state, str_skip), "SKIP"},
-        {offsetof(rt_cw_state, str_config), "_config"},
-        {offsetof(rt_cw_state, str_user_override), "user_override"},
-        {offsetof(rt_cw_state, str_get), "get"},
-        {offsetof(rt_cw_state, str_set), "set"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         PyObject *s = PyUnicode_InternFromString(names[i].text);
