@@ -10,6 +10,8 @@
 #include <Python.h>
 #include <stddef.h>
 
+#include "intern_names.h"
+
 typedef struct {
     PyObject *str_base;             /* _base */
     PyObject *str_view_func;        /* _view_func */
@@ -30,10 +32,7 @@ typedef struct {
 static inline int
 rt_alias_state_init(rt_alias_state *as)
 {
-    static const struct {
-        size_t offset;
-        const char *text;
-    } names[] = {
+    static const rt_name_field names[] = {
         {offsetof(rt_alias_state, str_base), "_base"},
         {offsetof(rt_alias_state, str_view_func), "_view_func"},
         {offsetof(rt_alias_state, str_as_strided), "as_strided"},
@@ -42,13 +41,7 @@ rt_alias_state_init(rt_alias_state *as)
         {offsetof(rt_alias_state, str_untyped_storage), "untyped_storage"},
         {offsetof(rt_alias_state, str_cdata), "_cdata"},
     };
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        PyObject **field = (PyObject **)((char *)as + names[i].offset);
-        if ((*field = PyUnicode_InternFromString(names[i].text)) == NULL) {
-            return -1;
-        }
-    }
-    return 0;
+    return rt_intern_names(as, names, sizeof(names) / sizeof(names[0]));
 }
 
 /* once torch is importable (rt_torch_bind) */

@@ -7,6 +7,7 @@
 #include "config_patch.h"
 #include "dynamo/dynamo.h"
 #include "fn_object.h" /* rt_counts_dict */
+#include "intern_names.h"
 
 #include <string.h>
 
@@ -194,10 +195,7 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
         }
         cw->expected[g] = Py_NewRef(v);
     }
-    static const struct {
-        size_t offset;
-        const char *text;
-    } names[] = {
+    static const rt_name_field names[] = {
         {offsetof(rt_cw_state, str_fullgraph), "fullgraph"},
         {offsetof(rt_cw_state, str_export), "export"},
         {offsetof(rt_cw_state, str_error_on_graph_break), "error_on_graph_break"},
@@ -226,13 +224,9 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
         {offsetof(rt_cw_state, str_error), "ERROR"},
         {offsetof(rt_cw_state, str_skip), "SKIP"},
     };
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        PyObject *s = PyUnicode_InternFromString(names[i].text);
-        if (s == NULL) {
-            rt_cw_clear(cw);
-            return NULL;
-        }
-        *(PyObject **)((char *)cw + names[i].offset) = s;
+    if (rt_intern_names(cw, names, sizeof(names) / sizeof(names[0])) < 0) {
+        rt_cw_clear(cw);
+        return NULL;
     }
     cw->call_on_enter_code = Py_NewRef(coe);
     cw->on_enter_code = Py_NewRef(oe);

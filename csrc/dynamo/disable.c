@@ -38,6 +38,7 @@
 #include "dynamo/dynamo.h"
 
 #include "fn_object.h"
+#include "intern_names.h"
 
 
 typedef struct {
@@ -493,10 +494,7 @@ rt_bind_disable(PyObject *module, PyObject *args, PyObject *kwargs)
     rt_state *st = PyModule_GetState(module);
     rt_disable_state *ds = &st->disable;
     rt_disable_clear(ds);
-    static const struct {
-        size_t offset;
-        const char *text;
-    } names[] = {
+    static const rt_name_field names[] = {
         {offsetof(rt_disable_state, str_callback), "callback"},
         {offsetof(rt_disable_state, str_stance_global), "_stance"},
         {offsetof(rt_disable_state, str_stance), "stance"},
@@ -510,13 +508,9 @@ rt_bind_disable(PyObject *module, PyObject *args, PyObject *kwargs)
         {offsetof(rt_disable_state, str_is_exporting_flag), "_is_exporting_flag"},
         {offsetof(rt_disable_state, str_name), "__name__"},
     };
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        PyObject *s = PyUnicode_InternFromString(names[i].text);
-        if (s == NULL) {
-            rt_disable_clear(ds);
-            return NULL;
-        }
-        *(PyObject **)((char *)ds + names[i].offset) = s;
+    if (rt_intern_names(ds, names, sizeof(names) / sizeof(names[0])) < 0) {
+        rt_disable_clear(ds);
+        return NULL;
     }
     ds->fn_cell = fn_cell;
     ds->ctx_cell = ctx_cell;
