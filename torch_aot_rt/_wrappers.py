@@ -258,9 +258,8 @@ def _debug_assert_closure(wrapper, fn, compiled_fn, aot_config, meta):
     cells = _cells(fn, "debug_compiled_function", ("aot_config", "compiled_fn", "self"))
     if cells["self"].cell_contents is not wrapper or cells["aot_config"].cell_contents is not aot_config:
         raise Unsupported("debug_compiled_function closes over another wrapper")
-    if "Tensor" not in fn.__globals__:
-        raise Unsupported("debug_compiled_function does not bind Tensor")
-    return _C.DebugAssertWrapper(fn, cells["compiled_fn"].cell_contents, fn.__globals__["Tensor"],
+    tensor = _generated(fn, "debug_compiled_function", ("Tensor",))["Tensor"]
+    return _C.DebugAssertWrapper(fn, cells["compiled_fn"].cell_contents, tensor,
                                  _debug_checks(wrapper, aot_config),
                                  n_args=len(wrapper.flat_requires_grad))
 
