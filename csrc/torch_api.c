@@ -45,7 +45,8 @@ rt_state_init(rt_state *st)
     INTERN(str_exit, "__exit__");
     INTERN(str_is_profiler_enabled, "_is_profiler_enabled");
     INTERN(str_dynamo_disable, "__dynamo_disable");
-    if (rt_inductor_names_init(&st->inductor) < 0) {
+    if (rt_inductor_names_init(&st->inductor) < 0 ||
+        rt_thread_locals_init(&st->thread_locals) < 0) {
         return -1;
     }
     INTERN(str_pregraph_range, "Pregraph bytecode");
@@ -422,6 +423,10 @@ rt_state_traverse(rt_state *st, visitproc visit, void *arg)
     if (rc != 0) {
         return rc;
     }
+    rc = rt_thread_locals_traverse(&st->thread_locals, visit, arg);
+    if (rc != 0) {
+        return rc;
+    }
     return rt_disable_traverse(&st->disable, visit, arg);
 }
 
@@ -440,6 +445,7 @@ rt_state_clear(rt_state *st)
     rt_inductor_names_clear(&st->inductor);
     rt_cw_clear(&st->cw);
     rt_config_reader_clear(&st->config_reader);
+    rt_thread_locals_clear(&st->thread_locals);
     rt_wrappers_state_clear(&st->wrappers);
     rt_alias_state_clear(&st->alias);
     st->cpp = st->cpp_loaded = NULL; /* its capsule was cleared above */

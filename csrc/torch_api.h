@@ -23,6 +23,7 @@
 #include "dynamo/compile_wrapper.h"
 #include "dynamo/disable.h"
 #include "inductor/inductor.h"
+#include "thread_local.h"
 #include "torch_cpp_api.h"
 #include "aot/wrappers.h"
 
@@ -98,6 +99,7 @@ typedef struct rt_state {
     PyObject *profiler_globals;           /* torch.autograd.profiler.__dict__ */
     PyObject *dynamo_config;              /* torch._dynamo.config */
     rt_config_reader config_reader;       /* config_read.c: their settings read */
+    rt_thread_locals thread_locals;       /* thread_local.c: Dynamo's threading.locals */
     PyObject *RecordFunctionFast;         /* torch._C._profiler._RecordFunctionFast */
     PyObject *prologue_range_name;
     /* saved-tensor hooks (torch._C._autograd) */

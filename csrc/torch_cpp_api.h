@@ -123,8 +123,9 @@ typedef struct rt_cpp_api {
     /* torch._C._dispatch_tls_local_include_set() and _exclude_set(): the
      * local dispatch key sets, as raw key-set words {included, excluded} */
     void (*dispatch_tls_get)(uint64_t keys[2]);
-    /* what leaving torch._C._ForceDispatchKeyGuard does: the local sets
-     * forced back to keys (from dispatch_tls_get) */
+    /* what leaving torch._C._ForceDispatchKeyGuard does (and 2.14's
+     * _dynamo_restore_local_dispatch_key_set with the sets its save pushed):
+     * the local sets forced back to keys (from dispatch_tls_get) */
     void (*dispatch_tls_force)(const uint64_t keys[2]);
     /* torch._C._is_tracing(): torch.jit tracing is on */
     int (*jit_tracing)(void);

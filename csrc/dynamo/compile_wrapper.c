@@ -48,8 +48,13 @@
  * construction is tagged with); the rest calls into torch's C. With the
  * C++ part loaded, 2.13's dispatch key sets and their guard and
  * torch._C._is_tracing() are torch's C++ called directly
- * (torch_api.h); 2.14's save/restore of the key sets stays the bindings,
- * whose stack lives inside torch.
+ * (torch_api.h), and so are 2.14's save and restore of the key sets:
+ * torch._C._dynamo_save_local_dispatch_key_set() pushes the two sets on a
+ * C++ thread-local stack, _dynamo_restore_local_dispatch_key_set() pops and
+ * forces them; here the sets are kept in the call's frame and forced back
+ * at the same point. Only an unbalanced restore called from inside the
+ * compiled function (one more pop than pushes) could tell the two apart:
+ * upstream's own restore would then find the stack empty and raise.
  *
  * A CompileWrapper replaces a compile_wrapper (made when the function or
  * module is compiled with the C runtime on; _compile_wrapper.py). Per call
@@ -65,6 +70,7 @@
  * for the wrapper (the compiler errors it re-raises included).
  * ====================================================================== */
 #include "dynamo/compile_wrapper.h"
+#include "attr_memo.h"
 #include "config_patch.h"
 #include "dict_version.h"
 #include "dynamo/dynamo.h"
@@ -76,6 +82,7 @@ typedef struct {
     RT_FN_HEAD
     PyObject *upstream;   /* the compile_wrapper */
     PyObject *cells[5];   /* its closure cells (enum above), read per call */
+    rt_attr_memo ctx;     /* the context's attributes (ctx_attr) */
 } CompileWrapper;
 
 /* The most enter hooks a call in C takes: torch.compile's own and config
@@ -199,17 +206,14 @@ attr_present(PyObject *obj, PyObject *name)
     return v != Py_None;
 }
 
-/* getattr(obj, name, False) truthy: 1/0, -1 */
+/* getattr(local, name, False) truthy, local a threading.local: 1/0, -1 */
 static int
-attr_truthy_or_false(PyObject *obj, PyObject *name)
+tls_truthy_or_false(rt_state *st, int slot, PyObject *local, PyObject *name)
 {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            return -1;
-        }
-        PyErr_Clear();
-        return 0;
+    PyObject *v;
+    int found = rt_tls_get(&st->thread_locals, slot, local, name, &v);
+    if (found <= 0) {
+        return found;
     }
     int r = PyObject_IsTrue(v);
     Py_DECREF(v);
@@ -228,6 +232,39 @@ global_truthy(PyObject *globals, PyObject *name)
         return -1;
     }
     return PyObject_IsTrue(v);
+}
+
+/* The context's attributes a call reads, through self's memo (attr_memo.h),
+ * by index: */
+enum { CTX_EXPORT, CTX_FULLGRAPH, CTX_EOG, CTX_HOOKS, CTX_ISOLATE_ID, CTX_N };
+
+/* self.<CTX_*> of the context ctx: a new reference, or NULL with the
+ * exception the read raises */
+static PyObject *
+ctx_attr(CompileWrapper *self, rt_cw_state *cw, PyObject *ctx, int i)
+{
+    PyObject *names[CTX_N] = {cw->str_export, cw->str_fullgraph, cw->str_error_on_graph_break,
+                              cw->str_enter_exit_hooks, cw->str_isolate_id};
+    /* _isolate_recompiles_id: only the releases that read it (2.13 on) */
+    int memo = rt_attr_memo_read(&self->ctx, ctx, names, cw->isolate_recompiles ? CTX_N : CTX_N - 1);
+    if (memo < 0) {
+        return NULL;
+    }
+    PyObject *v = memo ? self->ctx.values[i] : NULL;
+    return v != NULL ? Py_NewRef(v) : PyObject_GetAttr(ctx, names[i]); /* absent: its error */
+}
+
+/* bool(self.<CTX_*>): 1/0, -1 */
+static int
+ctx_truthy(CompileWrapper *self, rt_cw_state *cw, PyObject *ctx, int i)
+{
+    PyObject *v = ctx_attr(self, cw, ctx, i);
+    if (v == NULL) {
+        return -1;
+    }
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
 }
 
 /* RT_CW_CALL_C, or the reason upstream's runs; -1 with an exception. Fills
@@ -280,14 +317,13 @@ steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
     }
     /* 2.14 on: _is_eager_on_nested_compile(): depth > 0 */
     if (cw->eager_nested != NULL) {
-        PyObject *depth = PyObject_GetAttr(cw->eager_nested, cw->str_depth);
-        if (depth == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
-                return -1;
-            }
-            PyErr_Clear();
+        PyObject *depth;
+        int found = rt_tls_get(&self->st->thread_locals, RT_TLS_EAGER_NESTED, cw->eager_nested,
+                               cw->str_depth, &depth);
+        if (found < 0) {
+            return -1;
         }
-        else {
+        if (found) {
             PyObject *zero = PyLong_FromLong(0);
             int positive = zero ? PyObject_RichCompareBool(depth, zero, Py_GT) : -1;
             Py_XDECREF(zero);
@@ -301,13 +337,13 @@ steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
     c->ctx = Py_NewRef(PyCell_GET(self->cells[CELL_SELF]));
     c->callback = Py_NewRef(PyCell_GET(self->cells[CELL_CALLBACK]));
     /* self.export */
-    if ((v = attr_truthy(c->ctx, cw->str_export)) != 0) {
+    if ((v = ctx_truthy(self, cw, c->ctx, CTX_EXPORT)) != 0) {
         return v < 0 ? -1 : RT_CW_STATE;
     }
-    if ((c->fullgraph = attr_truthy(c->ctx, cw->str_fullgraph)) < 0) {
+    if ((c->fullgraph = ctx_truthy(self, cw, c->ctx, CTX_FULLGRAPH)) < 0) {
         return -1;
     }
-    if ((c->eog = PyObject_GetAttr(c->ctx, cw->str_error_on_graph_break)) == NULL) {
+    if ((c->eog = ctx_attr(self, cw, c->ctx, CTX_EOG)) == NULL) {
         return -1;
     }
     /* TracingContext.try_get(): getattr(_TLS, "tracing_context", None) */
@@ -315,14 +351,23 @@ steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
     if (tls == NULL) {
         return PyErr_Occurred() ? -1 : RT_CW_REPLACED;
     }
-    if ((v = attr_present(tls, cw->str_tracing_context)) != 0) {
-        return v < 0 ? -1 : RT_CW_STATE;
+    PyObject *tc;
+    if ((v = rt_tls_get(&self->st->thread_locals, RT_TLS_GUARDS, tls, cw->str_tracing_context,
+                        &tc)) != 0) {
+        if (v < 0) {
+            return -1;
+        }
+        Py_DECREF(tc);
+        if (tc != Py_None) {
+            return RT_CW_STATE;
+        }
     }
     /* torch.compiler.is_exporting(); is_fx_symbolic_tracing()'s flag (2.13:
      * the module global _is_fx_tracing_flag; 2.14 on: _get_is_fx_tracing(),
      * getattr(_is_fx_tracing_tls, "flag", False)); torch.jit tracing */
     if ((v = global_truthy(cw->compiler_globals, cw->str_exporting_flag)) != 0 ||
-        (v = cw->fx_flag_tls != NULL ? attr_truthy_or_false(cw->fx_flag_tls, cw->str_flag)
+        (v = cw->fx_flag_tls != NULL ? tls_truthy_or_false(self->st, RT_TLS_FX_FLAG,
+                                                           cw->fx_flag_tls, cw->str_flag)
                                      : global_truthy(cw->fx_globals, cw->str_fx_flag)) != 0) {
         return v < 0 ? -1 : RT_CW_STATE;
     }
@@ -331,7 +376,7 @@ steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
     }
     /* self.enter_exit_hooks: torch.compile's own enter hook and config
      * patchers (hooks_handled) */
-    if ((c->hooks = PyObject_GetAttr(c->ctx, cw->str_enter_exit_hooks)) == NULL) {
+    if ((c->hooks = ctx_attr(self, cw, c->ctx, CTX_HOOKS)) == NULL) {
         return -1;
     }
     if (!hooks_handled(cw, c->hooks, patcher_bound(self->st))) {
@@ -627,7 +672,7 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
         goto done;
     }
     if (cw->isolate_recompiles) {
-        PyObject *isolate = PyObject_GetAttr(c->ctx, cw->str_isolate_id);
+        PyObject *isolate = ctx_attr(self, cw, c->ctx, CTX_ISOLATE_ID);
         prior_id = isolate ? call1(g[RT_CWG_SET_ISOLATE_ID], isolate) : NULL;
         Py_XDECREF(isolate);
         if (prior_id == NULL) {
@@ -684,8 +729,15 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
         }
         keys_entered = 1;
     }
-    else if (cw->save_keys != NULL && do0(cw->save_keys) < 0) {
-        goto done;
+    else if (cw->save_keys != NULL) {
+        /* torch._C._dynamo_save_local_dispatch_key_set() (2.14 on) */
+        if (self->st->cpp != NULL) {
+            keys.cpp = self->st->cpp;
+            keys.cpp->dispatch_tls_get(keys.keys);
+        }
+        else if (do0(cw->save_keys) < 0) {
+            goto done;
+        }
     }
 
     /* try: result = fn(*args, **kwargs) */
@@ -758,6 +810,10 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
         if (rt_dispatch_keys_exit(self->st, &keys, result == NULL) < 0) {
             Py_CLEAR(result);
         }
+    }
+    else if (keys.cpp != NULL) {
+        /* finally: torch._C._dynamo_restore_local_dispatch_key_set() */
+        keys.cpp->dispatch_tls_force(keys.keys);
     }
     else if (cw->restore_keys != NULL) {
         /* finally: torch._C._dynamo_restore_local_dispatch_key_set() */
@@ -850,7 +906,8 @@ CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
         if (fg_count && cw->fullgraph == RT_CW_FG_RAISE) {
             /* reset_skip_reasons(): dynamo_tls.skip_reasons = [] */
             PyObject *empty = PyList_New(0);
-            int rc = empty ? PyObject_SetAttr(g[RT_CWG_DYNAMO_TLS], cw->str_skip_reasons, empty)
+            int rc = empty ? rt_tls_set(&self->st->thread_locals, RT_TLS_DYNAMO,
+                                        g[RT_CWG_DYNAMO_TLS], cw->str_skip_reasons, empty)
                            : -1;
             Py_XDECREF(empty);
             if (rc < 0) {
@@ -869,7 +926,8 @@ CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
             ok = minus != NULL && do1(g[RT_CWG_SET_FG_COUNT], minus) == 0;
             Py_XDECREF(minus);
             ok = ok && (cw->fullgraph != RT_CW_FG_RAISE ||
-                        PyObject_SetAttr(g[RT_CWG_DYNAMO_TLS], cw->str_skip_reasons, Py_None) == 0);
+                        rt_tls_set(&self->st->thread_locals, RT_TLS_DYNAMO, g[RT_CWG_DYNAMO_TLS],
+                                   cw->str_skip_reasons, Py_None) == 0);
         }
         ok = ok && do1(g[RT_CWG_MAYBE_SET_EVAL_FRAME], prior) == 0;
         if (rt_finally_end(&saved, ok) < 0) {
@@ -988,7 +1046,7 @@ CompileWrapper_traverse(CompileWrapper *self, visitproc visit, void *arg)
     for (int i = 0; i < 5; i++) {
         Py_VISIT(self->cells[i]);
     }
-    return 0;
+    return rt_attr_memo_traverse(&self->ctx, visit, arg);
 }
 
 static int
@@ -999,6 +1057,7 @@ CompileWrapper_clear(CompileWrapper *self)
     for (int i = 0; i < 5; i++) {
         Py_CLEAR(self->cells[i]);
     }
+    rt_attr_memo_clear(&self->ctx);
     return 0;
 }
 

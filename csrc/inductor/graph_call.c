@@ -159,13 +159,14 @@ finally_steps(GraphCall *self)
         }
         return -1;
     }
-    PyObject *ctx = PyObject_GetAttr(tls, n->str_runtime_metrics_context);
-    if (ctx == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            return -1;
-        }
+    PyObject *ctx;
+    int found = rt_tls_get(&self->st->thread_locals, RT_TLS_METRICS, tls,
+                           n->str_runtime_metrics_context, &ctx);
+    if (found < 0) {
+        return -1;
+    }
+    if (!found) {
         /* the thread's first: upstream's getter makes it */
-        PyErr_Clear();
         PyObject *getter = PyDict_GetItemWithError(self->utils_globals, n->str_get_runtime_metrics);
         if (getter == NULL) {
             if (!PyErr_Occurred()) {
