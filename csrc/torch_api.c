@@ -390,7 +390,7 @@ rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule
     X(kwnames_steal_disable_amp)                                          \
     X(SubclassWrapperType) X(str_tensor_unflatten) X(str_clear)                 \
     X(BytecodeHelperType) X(NullContextType) X(null_context) X(str_dynamo_disable) \
-    X(str_pregraph_range) X(GraphCallType) X(graph_call_graphs) X(CompileWrapperType) X(ModuleCallType)
+    X(str_pregraph_range) X(GraphCallType) X(graph_call_graphs) X(graph_call_last) X(CompileWrapperType) X(ModuleCallType)
 
 int
 rt_state_traverse(rt_state *st, visitproc visit, void *arg)

@@ -130,6 +130,7 @@ typedef struct rt_state {
     /* inductor (inductor/graph_call.c) */
     PyTypeObject *GraphCallType;
     PyObject *graph_call_graphs;          /* {id(graph): weakref}: compiled with C on */
+    PyObject *graph_call_last;            /* the weakref of it graph_marked found last */
     rt_inductor_names inductor;
     Py_ssize_t graph_call_counts[RT_GRAPH_CALL_N];
     PyTypeObject *SubclassWrapperType;    /* subclass_wrapper.c */

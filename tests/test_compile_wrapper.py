@@ -691,6 +691,79 @@ def test_threads():
     differential(program, min_c=40)
 
 
+def test_thread_local_state_is_the_callers():
+    """Dynamo's threading.local state is the calling thread's (C keeps each
+    local's dict for the thread that called last): a fullgraph call in a
+    worker resets and clears only the worker's skip reasons, and (2.14 on) a
+    nested-eager depth set in a worker sends only the worker's calls to
+    upstream's compile_wrapper, which runs the function eagerly there."""
+    from torch._dynamo import eval_frame
+
+    tls = eval_frame.dynamo_tls
+    nested = getattr(eval_frame, "_force_eager_nested_compile", None)
+
+    def program():
+        g = torch.compile(f, backend="aot_eager", fullgraph=True)
+        x, w = torch.randn(3, 4), torch.randn(3, 4)
+        rows = [_v(g(x, w))]
+        tls.skip_reasons = ["main's"]
+        results = {}
+
+        def work():
+            if nested is not None:
+                nested.depth = 1
+            outs = [_v(g(x, w)) for _ in range(3)]
+            results["worker"] = (outs, getattr(tls, "skip_reasons", "unset"))
+
+        try:
+            rows.append(_v(g(x, w)))  # the main thread's dict, remembered
+            tls.skip_reasons = ["main's"]
+            t = threading.Thread(target=work)
+            t.start()
+            t.join()
+            rows += [results["worker"], tls.skip_reasons, getattr(nested, "depth", None)]
+            rows += [_v(g(x, w)), tls.skip_reasons]
+        finally:
+            tls.skip_reasons = None
+        return rows
+
+    off, counts = differential(program, min_c=3)
+    if nested is not None:
+        # the worker's three calls were upstream's: only the main thread's in C
+        assert counts[C_CALL] == 3, counts
+
+
+def test_context_attribute_set_between_calls():
+    """An attribute of the context set between calls (C remembers the ones
+    a call reads while the context's dict is unchanged): error_on_graph_break
+    set on the context, then put back, is what the next call sets around
+    the function, as upstream's reads it on each call."""
+    seen = []
+
+    @torch.compiler.disable
+    def probe(x):
+        seen.append(torch._dynamo.utils._get_error_on_graph_break())
+        return x
+
+    def h(x):
+        return probe(x + 1) * 2
+
+    def program():
+        seen.clear()
+        ctx = torch._dynamo.optimize("aot_eager")
+        g = ctx(h)
+        x = torch.randn(3)
+        rows = [_attempt(lambda: _v(g(x))) for _ in range(2)]
+        ctx.error_on_graph_break = True
+        rows += [_attempt(lambda: _v(g(x))) for _ in range(2)]
+        ctx.error_on_graph_break = None
+        rows += [_attempt(lambda: _v(g(x))) for _ in range(2)]
+        return rows, list(seen)
+
+    r, _ = differential(program, min_c=4)
+    assert True in r[1] and r[1][-1] is not True, r
+
+
 def test_profiler_events():
     def program():
         g = torch.compile(f, backend="aot_eager")

@@ -403,17 +403,11 @@ steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
 
 /* ---- the call ------------------------------------------------------------- */
 
-static PyObject *
-call1(PyObject *f, PyObject *arg)
-{
-    return PyObject_Vectorcall(f, &arg, 1, NULL);
-}
-
 /* call1 whose result is dropped: 0, or -1 with an exception */
 static int
 do1(PyObject *f, PyObject *arg)
 {
-    PyObject *r = call1(f, arg);
+    PyObject *r = rt_call_one(f, arg);
     Py_XDECREF(r);
     return r != NULL ? 0 : -1;
 }
@@ -666,14 +660,14 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
         }
         goto done;
     }
-    prior_skip = call1(g[RT_CWG_SET_SKIP_GUARD], skip);
+    prior_skip = rt_call_one(g[RT_CWG_SET_SKIP_GUARD], skip);
     Py_DECREF(skip);
     if (prior_skip == NULL) {
         goto done;
     }
     if (cw->isolate_recompiles) {
         PyObject *isolate = ctx_attr(self, cw, c->ctx, CTX_ISOLATE_ID);
-        prior_id = isolate ? call1(g[RT_CWG_SET_ISOLATE_ID], isolate) : NULL;
+        prior_id = isolate ? rt_call_one(g[RT_CWG_SET_ISOLATE_ID], isolate) : NULL;
         Py_XDECREF(isolate);
         if (prior_id == NULL) {
             goto done;
@@ -753,7 +747,7 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
         int ok = do1(g[RT_CWG_SET_EVAL_FRAME], Py_None) == 0;
         if (ok && fg_count && succeeded) {
             PyObject *minus = PyLong_FromLong(-1);
-            PyObject *count = minus ? call1(g[RT_CWG_SET_FG_COUNT], minus) : NULL;
+            PyObject *count = minus ? rt_call_one(g[RT_CWG_SET_FG_COUNT], minus) : NULL;
             Py_XDECREF(minus);
             ok = count != NULL;
             if (ok) {
@@ -857,7 +851,7 @@ CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
     PyObject *result = NULL;
     PyObject *prior_nested = NULL;
     int fg_count = 0;
-    PyObject *prior = call1(g[RT_CWG_SET_EVAL_FRAME], Py_None);
+    PyObject *prior = rt_call_one(g[RT_CWG_SET_EVAL_FRAME], Py_None);
     if (prior == NULL) {
         goto done;
     }
@@ -876,7 +870,7 @@ CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
             override = members ? PyObject_GetAttr(members, on ? cw->str_error : cw->str_skip)
                                : NULL;
         }
-        prior_nested = override ? call1(g[RT_CWG_SET_EF_OVERRIDE], override) : NULL;
+        prior_nested = override ? rt_call_one(g[RT_CWG_SET_EF_OVERRIDE], override) : NULL;
         Py_XDECREF(override);
         if (prior_nested == NULL) {
             goto done;
@@ -885,13 +879,13 @@ CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
     else if (c.fullgraph) {
         /* before the try: an error here leaves `prior` unrestored, as upstream */
         PyObject *flag = rt_config_read(self->st, g[RT_CWG_CONFIG], cw->str_nested_error_config);
-        prior_nested = flag ? call1(g[RT_CWG_SET_FG_NESTED], flag) : NULL;
+        prior_nested = flag ? rt_call_one(g[RT_CWG_SET_FG_NESTED], flag) : NULL;
         Py_XDECREF(flag);
         if (prior_nested == NULL) {
             goto done;
         }
         PyObject *zero = PyLong_FromLong(0);
-        PyObject *count = zero ? call1(g[RT_CWG_SET_FG_COUNT], zero) : NULL;
+        PyObject *count = zero ? rt_call_one(g[RT_CWG_SET_FG_COUNT], zero) : NULL;
         Py_XDECREF(zero);
         if (count == NULL) {
             goto done;

@@ -171,7 +171,7 @@ finally_call(PyObject *f, PyObject *arg, PyObject **result)
 {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
-    PyObject *r = PyObject_Vectorcall(f, &arg, 1, NULL);
+    PyObject *r = rt_call_one(f, arg);
     if (r != NULL) {
         Py_DECREF(r);
         PyErr_Restore(type, value, tb);
@@ -206,14 +206,14 @@ rt_disable_run(rt_disable_state *ds, rt_disable_body body, PyObject *fn, PyObjec
     Py_INCREF(fn);
     PyObject *none = Py_None;
     PyObject *result = NULL;
-    PyObject *prior = PyObject_Vectorcall(ds->set_eval_frame, &none, 1, NULL);
+    PyObject *prior = rt_call_one(ds->set_eval_frame, none);
     if (prior == NULL) {
         Py_DECREF(fn);
         return NULL;
     }
     if (!ds->skips_none_callback) {
         /* _maybe_set_eval_frame(None) */
-        PyObject *r = PyObject_Vectorcall(ds->set_eval_frame, &none, 1, NULL);
+        PyObject *r = rt_call_one(ds->set_eval_frame, none);
         if (r == NULL) {
             goto restore_prior;
         }

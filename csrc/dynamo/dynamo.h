@@ -6,6 +6,19 @@
 
 #include "torch_api.h"
 
+/* f(arg). eval_frame's setters (set_eval_frame, the fullgraph, skip-guard
+ * and isolate-id setters) are METH_O builtins, called several times per
+ * compiled call: their C function is called directly, without the
+ * vectorcall dispatch around it. */
+static inline PyObject *
+rt_call_one(PyObject *f, PyObject *arg)
+{
+    if (PyCFunction_CheckExact(f) && PyCFunction_GET_FLAGS(f) == METH_O) {
+        return PyCFunction_GET_FUNCTION(f)(PyCFunction_GET_SELF(f), arg);
+    }
+    return PyObject_Vectorcall(f, &arg, 1, NULL);
+}
+
 extern PyType_Spec SavedHooksGuard_spec;
 extern PyType_Spec DisabledCall_spec;
 extern PyType_Spec BytecodeHelper_spec;

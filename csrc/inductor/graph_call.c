@@ -64,6 +64,10 @@ typedef struct {
 static int
 graph_marked(rt_state *st, PyObject *graph)
 {
+    /* the weak reference found last (a model's calls run the same graphs) */
+    if (st->graph_call_last != NULL && PyWeakref_GET_OBJECT(st->graph_call_last) == graph) {
+        return 1;
+    }
     PyObject *key = PyLong_FromVoidPtr(graph);
     if (key == NULL) {
         return -1;
@@ -73,7 +77,11 @@ graph_marked(rt_state *st, PyObject *graph)
     if (ref == NULL) {
         return PyErr_Occurred() ? -1 : 0;
     }
-    return PyWeakref_GET_OBJECT(ref) == graph;
+    if (PyWeakref_GET_OBJECT(ref) != graph) {
+        return 0;
+    }
+    Py_XSETREF(st->graph_call_last, Py_NewRef(ref));
+    return 1;
 }
 
 PyObject *
