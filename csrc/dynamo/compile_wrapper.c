@@ -438,6 +438,94 @@ cw_cleanup_run(rt_state *st, cw_cleanup *cl)
     return cl->call != NULL ? do0(cl->call) : 0;
 }
 
+/* What `cleanups = [enter() for enter in self.enter_exit_hooks]` left: each
+ * entered hook's cleanup, in order; past CW_MAX_HOOKS a list. */
+typedef struct {
+    cw_cleanup first[CW_MAX_HOOKS];
+    PyObject *more;       /* the cleanups past CW_MAX_HOOKS (a list), or NULL */
+    Py_ssize_t n;         /* hooks entered */
+} cw_entered;
+
+static void
+cw_entered_clear(cw_entered *e)
+{
+    for (Py_ssize_t i = 0; i < CW_MAX_HOOKS; i++) {
+        rt_config_patch_clear(&e->first[i].patch);
+        Py_CLEAR(e->first[i].call);
+    }
+    Py_CLEAR(e->more);
+}
+
+/* cleanups = [enter() for enter in self.enter_exit_hooks]: the live list,
+ * as the comprehension iterates it (an enter's Python may change it); each
+ * hook is classified when reached, and one C does not run (or past
+ * CW_MAX_HOOKS) is called as upstream does. 0, or -1 with an exception
+ * (e->n the hooks entered before it). */
+static int
+enter_hooks(rt_state *st, rt_cw_state *cw, PyObject *hooks, cw_entered *e)
+{
+    int patchers = patcher_bound(st);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(hooks); i++) {
+        PyObject *h = Py_NewRef(PyList_GET_ITEM(hooks, i));
+        cw_cleanup *cl = i < CW_MAX_HOOKS ? &e->first[i] : NULL;
+        int rc;
+        if (cl != NULL && is_on_enter_hook(cw, h)) {
+            /* on_enter -> install_generation_tagging_init():
+             * GenerationTracker.generation += 1; its cleanup `nothing` */
+            PyObject *gen = PyObject_GetAttr(cw->generation_tracker, cw->str_generation);
+            PyObject *one = gen ? PyLong_FromLong(1) : NULL;
+            PyObject *next = one ? PyNumber_InPlaceAdd(gen, one) : NULL;
+            rc = next ? PyObject_SetAttr(cw->generation_tracker, cw->str_generation, next) : -1;
+            Py_XDECREF(gen);
+            Py_XDECREF(one);
+            Py_XDECREF(next);
+        }
+        else if (cl != NULL && patchers && is_config_patcher(cw, h)) {
+            /* a config patcher's change(); its cleanup revert() */
+            rc = rt_config_patch_enter(st, PyFunction_GET_CLOSURE(h),
+                                       (rt_patch_form)cw->patcher_form, &cl->patch);
+        }
+        else {
+            PyObject *r = PyObject_CallNoArgs(h);
+            rc = r == NULL ? -1 : 0;
+            if (cl != NULL) {
+                cl->call = r;
+            }
+            else if (r != NULL) {
+                if (e->more == NULL && (e->more = PyList_New(0)) == NULL) {
+                    rc = -1;
+                }
+                rc = rc < 0 ? -1 : PyList_Append(e->more, r);
+                Py_DECREF(r);
+            }
+        }
+        Py_DECREF(h);
+        if (rc < 0) {
+            return -1;
+        }
+        e->n++;
+    }
+    return 0;
+}
+
+/* for cleanup in cleanups: cleanup() (torch.compile's: `nothing`): 0, or
+ * -1 with the exception of the one that raised (the rest do not run) */
+static int
+exit_hooks(rt_state *st, cw_entered *e)
+{
+    for (Py_ssize_t i = 0; i < e->n && i < CW_MAX_HOOKS; i++) {
+        if (cw_cleanup_run(st, &e->first[i]) < 0) {
+            return -1;
+        }
+    }
+    for (Py_ssize_t i = 0; e->more != NULL && i < PyList_GET_SIZE(e->more); i++) {
+        if (do0(PyList_GET_ITEM(e->more, i)) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* The except clauses around fn's call, on the pending exception. */
 static void
 transform_exception(rt_cw_state *cw)
@@ -590,6 +678,72 @@ no_compiled_frames_error(rt_cw_state *cw)
     return -1;
 }
 
+/* if not self.fullgraph and self.error_on_graph_break is not None: the
+ * setting set for the call where it differs (2.12: whatever it is), *prior
+ * the value to restore after (NULL: none; a current None is not restored).
+ * 0, or -1 with an exception. */
+static int
+enter_error_on_graph_break(rt_cw_state *cw, PyObject *eog, PyObject **prior)
+{
+    PyObject *get_eog = PyDict_GetItemWithError(cw->globals, cw->str_get_eog);
+    PyObject *set_eog = get_eog ? PyDict_GetItemWithError(cw->globals, cw->str_set_eog) : NULL;
+    if (set_eog == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_NameError, "name '_get_error_on_graph_break' is not defined");
+        }
+        return -1;
+    }
+    PyObject *current = PyObject_CallNoArgs(get_eog);
+    if (current == NULL) {
+        return -1;
+    }
+    int differs = cw->eog_where_differs ? PyObject_RichCompareBool(current, eog, Py_NE) : 1;
+    if (differs > 0 && do1(set_eog, eog) == 0) {
+        /* restored after unless None (`if prior_error_on_graph_break is not
+         * None`) */
+        if (current != Py_None) {
+            *prior = current;
+            return 0;
+        }
+        Py_DECREF(current);
+        return 0;
+    }
+    Py_DECREF(current);
+    return differs != 0 ? -1 : 0;
+}
+
+/* The fullgraph check of the inner finally: set_fullgraph_compiled_frame_
+ * count(-1) returned n; no compiled frame ran where it is 0. 0, or -1 with
+ * an exception (the RuntimeError, 2.12's warning as an error). */
+static int
+fullgraph_exit_check(rt_cw_state *cw, PyObject *count)
+{
+    long n = PyLong_AsLong(count);
+    if (n == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (n != 0) {
+        return 0;
+    }
+    if (cw->fullgraph == RT_CW_FG_WARN) {
+        /* 2.12: torch._dynamo.utils.warn_once(...), whatever the stance */
+        return do0(cw->fullgraph_warn);
+    }
+    /* `if count == 0 and _stance.stance == "default"` */
+    PyObject *st_obj = PyDict_GetItemWithError(cw->globals, cw->str_stance_global);
+    PyObject *name = st_obj ? PyObject_GetAttr(st_obj, cw->str_stance) : NULL;
+    int is_default = name != NULL && PyUnicode_CheckExact(name) &&
+                     PyUnicode_Compare(name, cw->str_default) == 0;
+    Py_XDECREF(name);
+    if (name == NULL || (is_default && no_compiled_frames_error(cw) < 0)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_NameError, "name '_stance' is not defined");
+        }
+        return -1;
+    }
+    return 0;
+}
+
 /* The outer try's body (after the fullgraph set-up): the result, or NULL
  * with an exception. */
 static PyObject *
@@ -601,55 +755,10 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
     PyObject *result = NULL;
     rt_dispatch_keys keys = {NULL, NULL, NULL, NULL, {0, 0}};
     int keys_entered = 0;
-    /* what each enter left, in order (cw_cleanup) */
-    cw_cleanup cleanups[CW_MAX_HOOKS] = {{{NULL, NULL, NULL, 0}, NULL}};
-    PyObject *more_cleanups = NULL; /* past CW_MAX_HOOKS: a list grown by a hook */
-    Py_ssize_t n_cleanups = 0;
-    int patchers = patcher_bound(self->st);
+    cw_entered entered = {{{{NULL, NULL, NULL, 0}, NULL}}, NULL, 0};
 
-    /* cleanups = [enter() for enter in self.enter_exit_hooks]: the live list,
-     * as the comprehension iterates it (an enter's Python may change it);
-     * each hook is classified when reached, and one C does not run (or past
-     * CW_MAX_HOOKS) is called as upstream does */
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(c->hooks); i++) {
-        PyObject *h = Py_NewRef(PyList_GET_ITEM(c->hooks, i));
-        cw_cleanup *cl = i < CW_MAX_HOOKS ? &cleanups[i] : NULL;
-        int rc;
-        if (cl != NULL && is_on_enter_hook(cw, h)) {
-            /* on_enter -> install_generation_tagging_init():
-             * GenerationTracker.generation += 1; its cleanup `nothing` */
-            PyObject *gen = PyObject_GetAttr(cw->generation_tracker, cw->str_generation);
-            PyObject *one = gen ? PyLong_FromLong(1) : NULL;
-            PyObject *next = one ? PyNumber_InPlaceAdd(gen, one) : NULL;
-            rc = next ? PyObject_SetAttr(cw->generation_tracker, cw->str_generation, next) : -1;
-            Py_XDECREF(gen);
-            Py_XDECREF(one);
-            Py_XDECREF(next);
-        }
-        else if (cl != NULL && patchers && is_config_patcher(cw, h)) {
-            /* a config patcher's change(); its cleanup revert() */
-            rc = rt_config_patch_enter(self->st, PyFunction_GET_CLOSURE(h),
-                                       (rt_patch_form)cw->patcher_form, &cl->patch);
-        }
-        else {
-            PyObject *r = PyObject_CallNoArgs(h);
-            rc = r == NULL ? -1 : 0;
-            if (cl != NULL) {
-                cl->call = r;
-            }
-            else if (r != NULL) {
-                if (more_cleanups == NULL && (more_cleanups = PyList_New(0)) == NULL) {
-                    rc = -1;
-                }
-                rc = rc < 0 ? -1 : PyList_Append(more_cleanups, r);
-                Py_DECREF(r);
-            }
-        }
-        Py_DECREF(h);
-        if (rc < 0) {
-            goto done;
-        }
-        n_cleanups++;
+    if (enter_hooks(self->st, cw, c->hooks, &entered) < 0) {
+        goto done;
     }
     /* set_skip_guard_eval_unsafe(_is_skip_guard_eval_unsafe_stance()) */
     PyObject *stance = PyDict_GetItemWithError(cw->globals, cw->str_stance_global);
@@ -673,37 +782,8 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
             goto done;
         }
     }
-    if (!c->fullgraph && c->eog != Py_None) {
-        PyObject *get_eog = PyDict_GetItemWithError(cw->globals, cw->str_get_eog);
-        PyObject *set_eog = get_eog ? PyDict_GetItemWithError(cw->globals, cw->str_set_eog) : NULL;
-        if (set_eog == NULL) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_NameError, "name '_get_error_on_graph_break' is not defined");
-            }
-            goto done;
-        }
-        PyObject *current = PyObject_CallNoArgs(get_eog);
-        if (current == NULL) {
-            goto done;
-        }
-        /* 2.12: set whatever the current value */
-        int differs = cw->eog_where_differs ? PyObject_RichCompareBool(current, c->eog, Py_NE) : 1;
-        if (differs > 0 && do1(set_eog, c->eog) == 0) {
-            /* restored after unless None (`if prior_error_on_graph_break is
-             * not None`) */
-            if (current != Py_None) {
-                prior_eog = current;
-            }
-            else {
-                Py_DECREF(current);
-            }
-        }
-        else {
-            Py_DECREF(current);
-            if (differs != 0) {
-                goto done;
-            }
-        }
+    if (!c->fullgraph && c->eog != Py_None && enter_error_on_graph_break(cw, c->eog, &prior_eog) < 0) {
+        goto done;
     }
     depth = PyObject_CallNoArgs(cw->get_depth);
     if (depth == NULL) {
@@ -749,31 +829,8 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
             PyObject *minus = PyLong_FromLong(-1);
             PyObject *count = minus ? rt_call_one(g[RT_CWG_SET_FG_COUNT], minus) : NULL;
             Py_XDECREF(minus);
-            ok = count != NULL;
-            if (ok) {
-                long n = PyLong_AsLong(count);
-                Py_DECREF(count);
-                if (n == -1 && PyErr_Occurred()) {
-                    ok = 0;
-                }
-                else if (n == 0 && cw->fullgraph == RT_CW_FG_WARN) {
-                    /* 2.12: torch._dynamo.utils.warn_once(...), whatever the stance */
-                    ok = do0(cw->fullgraph_warn) == 0;
-                }
-                else if (n == 0) {
-                    PyObject *st_obj = PyDict_GetItemWithError(cw->globals, cw->str_stance_global);
-                    PyObject *name = st_obj ? PyObject_GetAttr(st_obj, cw->str_stance) : NULL;
-                    int is_default = name != NULL && PyUnicode_CheckExact(name) &&
-                                     PyUnicode_Compare(name, cw->str_default) == 0;
-                    Py_XDECREF(name);
-                    if (name == NULL || (is_default && no_compiled_frames_error(cw) < 0)) {
-                        if (!PyErr_Occurred()) {
-                            PyErr_SetString(PyExc_NameError, "name '_stance' is not defined");
-                        }
-                        ok = 0;
-                    }
-                }
-            }
+            ok = count != NULL && fullgraph_exit_check(cw, count) == 0;
+            Py_XDECREF(count);
         }
         if (ok && prior_eog != NULL) {
             PyObject *set_eog = PyDict_GetItemWithError(cw->globals, cw->str_set_eog);
@@ -788,13 +845,7 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
         ok = ok && do1(cw->pop_depth, depth) == 0;
         ok = ok && do1(g[RT_CWG_SET_SKIP_GUARD], prior_skip) == 0;
         ok = ok && (prior_id == NULL || do1(g[RT_CWG_SET_ISOLATE_ID], prior_id) == 0);
-        /* for cleanup in cleanups: cleanup() (torch.compile's: `nothing`) */
-        for (Py_ssize_t i = 0; ok && i < n_cleanups && i < CW_MAX_HOOKS; i++) {
-            ok = cw_cleanup_run(self->st, &cleanups[i]) == 0;
-        }
-        for (Py_ssize_t i = 0; ok && more_cleanups && i < PyList_GET_SIZE(more_cleanups); i++) {
-            ok = do0(PyList_GET_ITEM(more_cleanups, i)) == 0;
-        }
+        ok = ok && exit_hooks(self->st, &entered) == 0;
         if (rt_finally_end(&saved, ok) < 0) {
             Py_CLEAR(result);
         }
@@ -823,11 +874,7 @@ done:
     Py_XDECREF(prior_eog);
     Py_XDECREF(depth);
     rt_dispatch_keys_clear(&keys);
-    for (Py_ssize_t i = 0; i < CW_MAX_HOOKS; i++) {
-        rt_config_patch_clear(&cleanups[i].patch);
-        Py_XDECREF(cleanups[i].call);
-    }
-    Py_XDECREF(more_cleanups);
+    cw_entered_clear(&entered);
     return result;
 }
 
