@@ -32,7 +32,16 @@
  * it meets; only the frames are gone. The method is mirrored where
  * self's lookup of _mark_get_dict_dirty finds ConfigModule's function
  * (module_getattro, the class attribute, nothing in the module's __dict__),
- * and called otherwise. */
+ * and called otherwise.
+ *
+ * Three exact shortcuts keep the steps' cost down (a dynamic= call runs
+ * four of them): a ContextVar's get and set through the C API (the type
+ * is final: its methods are those); a set's add likewise; and an
+ * attribute of the config module read as its class reads it: the class
+ * defines __getattr__, so CPython's slot calls module.__getattribute__
+ * through its wrapper (a bound method made and called, about 550
+ * instructions) and __getattr__ on an AttributeError; module_attr calls
+ * module_getattro directly, then the class's __getattr__ the same way. */
 #include "config_patch.h"
 
 #include "torch_api.h"
@@ -46,6 +55,36 @@ call_method1(PyObject *obj, PyObject *name, PyObject *arg)
     return r != NULL ? 0 : -1;
 }
 
+/* var.set(v), its token dropped: 0 / -1 */
+static int
+var_set(rt_config_reader *r, PyObject *var, PyObject *v)
+{
+    if (!PyContextVar_CheckExact(var)) {
+        return call_method1(var, r->str_set, v);
+    }
+    PyObject *token = PyContextVar_Set(var, v);
+    Py_XDECREF(token);
+    return token != NULL ? 0 : -1;
+}
+
+/* var.get(): a new reference, or NULL with an exception (LookupError where
+ * it has no value and no default, as ContextVar.get raises) */
+static PyObject *
+var_get(rt_config_reader *r, PyObject *var)
+{
+    if (!PyContextVar_CheckExact(var)) {
+        return PyObject_CallMethodNoArgs(var, r->str_get);
+    }
+    PyObject *v;
+    if (PyContextVar_Get(var, NULL, &v) < 0) {
+        return NULL;
+    }
+    if (v == NULL) {
+        PyErr_SetObject(PyExc_LookupError, var);
+    }
+    return v;
+}
+
 /* tp's attribute lookup is ModuleType's: module_getattro itself, or the
  * __getattr__ hook (ConfigModule defines one) over ModuleType's
  * __getattribute__, which only runs __getattr__ for a name not found */
@@ -54,6 +93,42 @@ module_lookup(rt_config_reader *r, PyTypeObject *tp)
 {
     return tp->tp_getattro == PyModule_Type.tp_getattro ||
            _PyType_Lookup(tp, r->str_getattribute) == r->module_getattribute;
+}
+
+/* self.name, self the config module (see the top of the file) */
+static PyObject *
+module_attr(rt_config_reader *r, PyObject *self, PyObject *name)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    int plain = tp->tp_getattro == PyModule_Type.tp_getattro;
+    /* a Python class over module.__getattribute__: module's getattro, or
+     * the __getattr__ hook around it */
+    if (!PyModule_Check(self) || !(plain || (tp->tp_flags & Py_TPFLAGS_HEAPTYPE)) ||
+        !module_lookup(r, tp)) {
+        return PyObject_GetAttr(self, name);
+    }
+    PyObject *v = PyModule_Type.tp_getattro(self, name);
+    if (v != NULL || plain || !PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        return v;
+    }
+    /* the hook's fallback: type(self).__getattr__, bound, called with name */
+    PyObject *getattr = _PyType_Lookup(tp, r->method_names[RT_CFGM_GETATTR]);
+    if (getattr == NULL) {
+        return NULL; /* the AttributeError stands */
+    }
+    PyErr_Clear();
+    Py_INCREF(getattr);
+    descrgetfunc get = Py_TYPE(getattr)->tp_descr_get;
+    if (get == NULL) {
+        v = PyObject_CallOneArg(getattr, name);
+    }
+    else {
+        PyObject *bound = get(getattr, self, (PyObject *)tp);
+        v = bound != NULL ? PyObject_CallOneArg(bound, name) : NULL;
+        Py_XDECREF(bound);
+    }
+    Py_DECREF(getattr);
+    return v;
 }
 
 /* self._mark_get_dict_dirty(name) */
@@ -75,22 +150,22 @@ mark_dirty(rt_config_reader *r, PyObject *self, PyObject *name)
     if (!mirrored) {
         return call_method1(self, r->str_mark_dirty, name);
     }
-    PyObject *var = PyObject_GetAttr(self, r->str_dirty_keys_var);
-    PyObject *dirty = var ? PyObject_CallMethodNoArgs(var, r->str_get) : NULL;
+    PyObject *var = module_attr(r, self, r->str_dirty_keys_var);
+    PyObject *dirty = var ? var_get(r, var) : NULL;
     if (dirty == NULL) {
         Py_XDECREF(var);
         return -1;
     }
     int rc = 0;
     if (dirty != Py_None) {
-        rc = call_method1(dirty, r->str_add, name);
+        rc = PySet_CheckExact(dirty) ? PySet_Add(dirty, name) : call_method1(dirty, r->str_add, name);
         Py_ssize_t n = rc == 0 ? PyObject_Size(dirty) : -1;
         PyObject *len = n >= 0 ? PyLong_FromSsize_t(n) : NULL;
-        PyObject *cap = len ? PyObject_GetAttr(self, r->str_dirty_cap) : NULL;
+        PyObject *cap = len ? module_attr(r, self, r->str_dirty_cap) : NULL;
         int over = cap ? PyObject_RichCompareBool(len, cap, Py_GT) : -1;
         Py_XDECREF(len);
         Py_XDECREF(cap);
-        rc = over < 0 ? -1 : over ? call_method1(var, r->str_set, Py_None) : 0;
+        rc = over < 0 ? -1 : over ? var_set(r, var, Py_None) : 0;
     }
     Py_DECREF(dirty);
     Py_DECREF(var);
@@ -106,7 +181,7 @@ apply_one(rt_state *st, rt_config_patch *p, PyObject *k, PyObject *v)
     rt_config_reader *r = &st->config_reader;
     PyObject *self = p->self;
     int marked = p->form == RT_PATCH_VAR_MARKED;
-    PyObject *config = marked ? Py_NewRef(p->config) : PyObject_GetAttr(self, r->str_config);
+    PyObject *config = marked ? Py_NewRef(p->config) : module_attr(r, self, r->str_config);
     PyObject *entry = config ? PyObject_GetItem(config, k) : NULL;
     Py_XDECREF(config);
     if (entry == NULL) {
@@ -120,13 +195,13 @@ apply_one(rt_state *st, rt_config_patch *p, PyObject *k, PyObject *v)
     }
     PyObject *var = PyObject_GetAttr(entry, r->str_user_override);
     Py_DECREF(entry);
-    rc = var ? call_method1(var, r->str_set, v) : -1;
+    rc = var ? var_set(r, var, v) : -1;
     Py_XDECREF(var);
     if (rc < 0 || !marked) {
         return rc;
     }
-    PyObject *hash_var = PyObject_GetAttr(self, r->str_hash_dirty_var);
-    rc = hash_var ? call_method1(hash_var, r->str_set, Py_True) : -1;
+    PyObject *hash_var = module_attr(r, self, r->str_hash_dirty_var);
+    rc = hash_var ? var_set(r, hash_var, Py_True) : -1;
     Py_XDECREF(hash_var);
     return rc < 0 ? -1 : mark_dirty(r, self, k);
 }
@@ -188,7 +263,7 @@ rt_config_patch_enter(rt_state *st, PyObject *closure, rt_patch_form form, rt_co
         PyObject *var = entry ? PyObject_GetAttr(entry, r->str_user_override) : NULL;
         PyObject *old = var == NULL || form == RT_PATCH_ATTRIBUTE
                             ? Py_XNewRef(var)
-                            : PyObject_CallMethodNoArgs(var, r->str_get);
+                            : var_get(r, var);
         int rc = old ? PyDict_SetItem(p->prior, k, old) : -1;
         Py_XDECREF(entry);
         Py_XDECREF(var);
