@@ -402,6 +402,31 @@ def test_config_patcher_with_a_replaced_method(monkeypatch):
     assert len(seen) >= 8, seen  # two keys, entered and reverted, per call
 
 
+def test_config_patcher_attribute_from_getattr(monkeypatch):
+    """An attribute the patcher reads missing from the config module's
+    __dict__ (its hash-dirty variable, 2.13 on): the module's look-up fails
+    and the class's __getattr__ runs (it raises, naming the setting), in C
+    as in Python; the call raises the same error, and put back, calls work."""
+    cfg = torch._dynamo.config
+    if "_hash_dirty_var" not in cfg.__dict__:
+        pytest.skip("no _hash_dirty_var on this release")
+
+    def program():
+        g = torch.compile(f, backend="aot_eager", dynamic=False)
+        x, w = torch.randn(3, 4), torch.randn(3, 4)
+        rows = [_attempt(lambda: _v(g(x, w)))]
+        var = cfg.__dict__.pop("_hash_dirty_var")
+        try:
+            rows.append(_attempt(lambda: _v(g(x, w))))
+        finally:
+            cfg.__dict__["_hash_dirty_var"] = var
+        rows.append(_attempt(lambda: _v(g(x, w))))
+        return rows
+
+    r, _ = differential(program, min_c=2)
+    assert "value" not in r[1] and "value" in r[2], r
+
+
 def test_hooks_changed_by_an_enter(monkeypatch):
     """An enter hook's Python (here the user override of a setting the
     dynamic=False patcher sets, a spy: its variable, or on 2.11 its entry's
