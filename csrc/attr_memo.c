@@ -31,9 +31,9 @@ rt_attr_memo_traverse(rt_attr_memo *m, visitproc visit, void *arg)
 static int
 still_valid(rt_attr_memo *m, PyObject *obj, int n)
 {
-    PyTypeObject *tp = Py_TYPE(obj);
-    return m->obj == obj && m->n == n && m->dict != NULL && (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
-           tp->tp_version_tag == m->type_tag && rt_dict_unchanged(m->dict, m->dict_version);
+    return m->obj == obj && m->n == n && m->dict != NULL &&
+           rt_type_unchanged(Py_TYPE(obj), m->type_tag) &&
+           rt_dict_unchanged(m->dict, m->dict_version);
 }
 
 /* 1 where each name's read is the instance dict's entry or a plain class

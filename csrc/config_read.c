@@ -95,10 +95,10 @@ class_reaches_getattr(rt_config_reader *r, PyTypeObject *tp, PyObject *name)
 static int
 verified_class(rt_config_reader *r, PyTypeObject *tp, PyObject *name)
 {
-    int tagged = (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) != 0;
+    int tagged = (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) != 0; /* before the checks */
     for (int i = 0; i < RT_CFG_TYPES; i++) {
         if (r->verified[i] == tp) {
-            if (tagged && r->verified_tag[i] == tp->tp_version_tag) {
+            if (rt_type_unchanged(tp, r->verified_tag[i])) {
                 /* the class checks held for this version; the name's own */
                 int error;
                 if (mro_lookup(tp, name, &error) != NULL || error) {
@@ -159,8 +159,8 @@ resolved_find(rt_config_reader *r, PyObject *config, PyObject *name, PyObject *m
 {
     rt_config_resolved *c = resolved_slot(r, config, name);
     PyTypeObject *tp = Py_TYPE(config);
-    int valid = c != NULL && c->tp == tp && (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
-                tp->tp_version_tag == c->tag && rt_dict_unchanged(mdict, c->mdict_version) &&
+    int valid = c != NULL && c->tp == tp && rt_type_unchanged(tp, c->tag) &&
+                rt_dict_unchanged(mdict, c->mdict_version) &&
                 rt_dict_unchanged(c->entries, c->entries_version) &&
                 rt_dict_unchanged(r->globals, c->globals_version);
     return valid ? c : NULL;

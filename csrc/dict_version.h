@@ -1,5 +1,6 @@
 /* dict_version.h: "has this dict changed since?" for the per-call checks
- * that a module's globals are still the objects bound.
+ * that a module's globals are still the objects bound; and its twin for
+ * classes, "is this type still at the version tag it was checked at?".
  *
  * CPython 3.11 gives every dict a version (PEP 509, ma_version_tag) that
  * takes a new, never reused value whenever the dict is changed, so a check
@@ -32,6 +33,14 @@ rt_dict_unchanged(PyObject *d, uint64_t verified)
 {
     uint64_t v = rt_dict_version(d);
     return v != 0 && v == verified;
+}
+
+/* 1 when tp is at the version tag *verified (a class checked then): the
+ * tag changes whenever tp or a class in its MRO is modified */
+static inline int
+rt_type_unchanged(PyTypeObject *tp, unsigned int verified)
+{
+    return (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && tp->tp_version_tag == verified;
 }
 
 #endif

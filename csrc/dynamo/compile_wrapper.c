@@ -234,6 +234,20 @@ global_truthy(PyObject *globals, PyObject *name)
     return PyObject_IsTrue(v);
 }
 
+/* stance.stance == "default" (the stance's name, an exact str): 1/0, -1
+ * with the read's exception */
+static int
+stance_is_default(rt_cw_state *cw, PyObject *stance)
+{
+    PyObject *name = PyObject_GetAttr(stance, cw->str_stance);
+    if (name == NULL) {
+        return -1;
+    }
+    int is_default = PyUnicode_CheckExact(name) && PyUnicode_Compare(name, cw->str_default) == 0;
+    Py_DECREF(name);
+    return is_default;
+}
+
 /* The context's attributes a call reads, through self's memo (attr_memo.h),
  * by index: */
 enum { CTX_EXPORT, CTX_FULLGRAPH, CTX_EOG, CTX_HOOKS, CTX_ISOLATE_ID, CTX_N };
@@ -302,14 +316,9 @@ steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
     if (!Py_IS_TYPE(stance, (PyTypeObject *)cw->stance)) {
         return RT_CW_STATE;
     }
-    PyObject *name = PyObject_GetAttr(stance, cw->str_stance);
-    if (name == NULL) {
-        return -1;
-    }
-    int is_default = PyUnicode_CheckExact(name) && PyUnicode_Compare(name, cw->str_default) == 0;
-    Py_DECREF(name);
-    if (!is_default) {
-        return RT_CW_STATE;
+    int is_default = stance_is_default(cw, stance);
+    if (is_default <= 0) {
+        return is_default < 0 ? -1 : RT_CW_STATE;
     }
     int v = attr_present(stance, cw->str_backend);
     if (v != 0) {
@@ -403,7 +412,7 @@ steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
 
 /* ---- the call ------------------------------------------------------------- */
 
-/* call1 whose result is dropped: 0, or -1 with an exception */
+/* rt_call_one whose result is dropped: 0, or -1 with an exception */
 static int
 do1(PyObject *f, PyObject *arg)
 {
@@ -731,11 +740,8 @@ fullgraph_exit_check(rt_cw_state *cw, PyObject *count)
     }
     /* `if count == 0 and _stance.stance == "default"` */
     PyObject *st_obj = PyDict_GetItemWithError(cw->globals, cw->str_stance_global);
-    PyObject *name = st_obj ? PyObject_GetAttr(st_obj, cw->str_stance) : NULL;
-    int is_default = name != NULL && PyUnicode_CheckExact(name) &&
-                     PyUnicode_Compare(name, cw->str_default) == 0;
-    Py_XDECREF(name);
-    if (name == NULL || (is_default && no_compiled_frames_error(cw) < 0)) {
+    int is_default = st_obj != NULL ? stance_is_default(cw, st_obj) : -1;
+    if (is_default < 0 || (is_default && no_compiled_frames_error(cw) < 0)) {
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_NameError, "name '_stance' is not defined");
         }
