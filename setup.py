@@ -54,6 +54,7 @@ def listdir(folder, suffix):
 # is the C++ part's. Includes name files from csrc/ ("aot/epilogue.h").
 C_CORE_FOLDERS = (
     "csrc",
+    os.path.join("csrc", "util"),
     os.path.join("csrc", "dynamo"),
     os.path.join("csrc", "aot"),
     os.path.join("csrc", "inductor"),

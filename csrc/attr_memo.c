@@ -1,7 +1,7 @@
 /* attr_memo.c: see attr_memo.h. */
 #include "attr_memo.h"
 
-#include "dict_version.h"
+#include "util/dict_version.h"
 
 void
 rt_attr_memo_clear(rt_attr_memo *m)
@@ -44,7 +44,7 @@ memoizable(PyObject *obj, PyObject *const *names, int n, PyObject **dict)
     PyTypeObject *tp = Py_TYPE(obj);
     *dict = NULL;
     if (tp->tp_getattro != PyObject_GenericGetAttr ||
-        !(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) || tp->tp_dictoffset == 0) {
+        !rt_type_tag_valid(tp) || tp->tp_dictoffset == 0) {
         return 0;
     }
     for (int i = 0; i < n; i++) {

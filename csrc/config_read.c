@@ -36,7 +36,8 @@
  * read). Else Python's read. */
 #include "config_read.h"
 
-#include "dict_version.h"
+#include "util/dict_version.h"
+#include "util/py_compat.h"
 #include "fn_object.h"
 #include "torch_api.h"
 
@@ -53,7 +54,7 @@ mro_lookup(PyTypeObject *tp, PyObject *key, int *error)
         if (c == &PyModule_Type) {
             break;
         }
-        PyObject *v = PyDict_GetItemWithError(c->tp_dict, key);
+        PyObject *v = PyDict_GetItemWithError(rt_type_dict(c), key);
         if (v != NULL || PyErr_Occurred()) {
             *error = v == NULL;
             return v;
@@ -95,7 +96,7 @@ class_reaches_getattr(rt_config_reader *r, PyTypeObject *tp, PyObject *name)
 static int
 verified_class(rt_config_reader *r, PyTypeObject *tp, PyObject *name)
 {
-    int tagged = (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) != 0; /* before the checks */
+    int tagged = rt_type_tag_valid(tp); /* before the checks */
     for (int i = 0; i < RT_CFG_TYPES; i++) {
         if (r->verified[i] == tp) {
             if (rt_type_unchanged(tp, r->verified_tag[i])) {
@@ -175,7 +176,7 @@ resolved_remember(rt_config_reader *r, PyObject *config, PyObject *name, PyObjec
     PyTypeObject *tp = Py_TYPE(config);
     uint64_t mv = rt_dict_version(mdict), ev = rt_dict_version(entries);
     uint64_t gv = rt_dict_version(r->globals);
-    if (!(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) || !mv || !ev || !gv) {
+    if (!rt_type_tag_valid(tp) || !mv || !ev || !gv) {
         return;
     }
     rt_config_resolved *c = resolved_slot(r, config, name);
@@ -511,7 +512,7 @@ rt_bind_config_read(PyObject *module, PyObject *args, PyObject *kwargs)
         if (r->method_names[m] == NULL) {
             goto error;
         }
-        PyObject *fn = PyDict_GetItemWithError(cls->tp_dict, r->method_names[m]);
+        PyObject *fn = PyDict_GetItemWithError(rt_type_dict(cls), r->method_names[m]);
         if (fn == NULL || !PyFunction_Check(fn)) {
             if (!PyErr_Occurred()) {
                 PyErr_Format(PyExc_ValueError,
@@ -523,12 +524,12 @@ rt_bind_config_read(PyObject *module, PyObject *args, PyObject *kwargs)
         r->methods[m] = Py_NewRef(fn);
     }
     /* 2.13 on: what the closure patcher's change calls per key */
-    PyObject *mark = PyDict_GetItemWithError(cls->tp_dict, r->str_mark_dirty);
+    PyObject *mark = PyDict_GetItemWithError(rt_type_dict(cls), r->str_mark_dirty);
     if (mark == NULL && PyErr_Occurred()) {
         goto error;
     }
     r->mark_dirty = mark != NULL && PyFunction_Check(mark) ? Py_NewRef(mark) : NULL;
-    r->module_getattribute = PyDict_GetItemWithError(PyModule_Type.tp_dict, r->str_getattribute);
+    r->module_getattribute = PyDict_GetItemWithError(rt_type_dict(&PyModule_Type), r->str_getattribute);
     if (r->module_getattribute == NULL) {
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_ValueError, "_bind_config_read: ModuleType.__getattribute__");

@@ -12,6 +12,8 @@
 #include "dynamo/dynamo.h"
 #include "inductor/inductor.h"
 #include "torch_api.h"
+#include "util/dict_version.h"
+#include "util/py_compat.h"
 
 static PyObject *
 bind_torch(PyObject *module, PyObject *args, PyObject *kwargs)
@@ -152,7 +154,7 @@ static int
 module_exec(PyObject *module)
 {
     rt_state *st = PyModule_GetState(module);
-    if (rt_state_init(st) < 0) {
+    if (rt_dict_versions_init() < 0 || rt_state_init(st) < 0) {
         return -1;
     }
     st->RuntimeWrapperType = rt_runtime_wrapper_type_new(module);
@@ -190,6 +192,7 @@ module_free(void *module)
 
 static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, module_exec},
+    RT_PY_MODULE_STANCE_SLOTS
     {0, NULL},
 };
 

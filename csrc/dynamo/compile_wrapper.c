@@ -72,7 +72,7 @@
 #include "dynamo/compile_wrapper.h"
 #include "attr_memo.h"
 #include "config_patch.h"
-#include "dict_version.h"
+#include "util/dict_version.h"
 #include "dynamo/dynamo.h"
 #include "fn_object.h"
 

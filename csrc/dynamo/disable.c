@@ -34,7 +34,7 @@
  * upstream's object.
  * ====================================================================== */
 #include "dynamo/disable.h"
-#include "dict_version.h"
+#include "util/dict_version.h"
 #include "dynamo/dynamo.h"
 
 #include "fn_object.h"

@@ -1,0 +1,137 @@
+/* py_compat.h: every difference between the CPython versions the C core
+ * builds against (3.10 to 3.15), in one place, each named with the version
+ * it starts at (in the manner of pythoncapi-compat and numpy's
+ * npy_2_compat.h). No other file of csrc/ tests the Python version.
+ *
+ * The private or unstable parts of CPython the C core uses, and where each
+ * stands:
+ * - _PyType_Lookup (a type's MRO look-up, borrowed, runs no code):
+ *   exported on every version here.
+ * - tp_dict: NULL for static builtin types from 3.12 (their dicts live in
+ *   the interpreter): rt_type_dict.
+ * - dict versions (PEP 509, ma_version_tag): deprecated in 3.12, removed in
+ *   3.14; from 3.12 a dict watcher stands in (RT_PY_DICT_WATCHERS,
+ *   util/dict_version.h).
+ * - tp_version_tag: on every version; its validity flag goes in 3.14
+ *   (rt_type_tag_valid).
+ * - PyThreadState_GetID: public from 3.9.
+ * - a function's vectorcall: PyFunction_SetVectorcall from 3.12, the field
+ *   itself before (rt_function_set_vectorcall). The default one
+ *   (_PyFunction_Vectorcall) is private from 3.13: it is read off a
+ *   function instead of named.
+ * - the exception being handled: PyErr_GetHandledException /
+ *   PyErr_SetHandledException from 3.11, PyErr_GetExcInfo /
+ *   PyErr_SetExcInfo before (rt_handled_exception, rt_set_handled).
+ */
+#ifndef TORCH_AOT_RT_UTIL_PY_COMPAT_H
+#define TORCH_AOT_RT_UTIL_PY_COMPAT_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#if PY_VERSION_HEX < 0x030A0000
+#error "torch_aot_rt's C core needs CPython 3.10 or newer"
+#endif
+
+/* 3.12: dict watchers (PyDict_AddWatcher, PyDict_Watch); the dict version
+ * tag is deprecated (and removed in 3.14). */
+#define RT_PY_DICT_WATCHERS (PY_VERSION_HEX >= 0x030C0000)
+
+/* tp's __dict__, borrowed (the type keeps it as long as it lives).
+ * 3.12: a static builtin type's tp_dict is NULL, its dict is the
+ * interpreter's, reached through PyType_GetDict (a new reference). */
+static inline PyObject *
+rt_type_dict(PyTypeObject *tp)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *d = PyType_GetDict(tp);
+    Py_XDECREF(d); /* borrowed: tp (or the interpreter) holds it */
+    return d;
+#else
+    return tp->tp_dict;
+#endif
+}
+
+/* tp has a valid version tag (tp_version_tag changes whenever tp or a class
+ * of its MRO changes). Up to 3.13 a flag says so; a tag of 0 is never
+ * valid. */
+static inline int
+rt_type_tag_valid(PyTypeObject *tp)
+{
+#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+    return (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && tp->tp_version_tag != 0;
+#else
+    return tp->tp_version_tag != 0;
+#endif
+}
+
+/* Makes calls of the function fn run `call` (which must do what the
+ * function does). 3.12: PyFunction_SetVectorcall, which also keeps the
+ * interpreter's call specializations from inlining fn's frame; before,
+ * the field (3.10/3.11 inline a function's frame only where its vectorcall
+ * is the default one). */
+static inline void
+rt_function_set_vectorcall(PyObject *fn, vectorcallfunc call)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyFunction_SetVectorcall((PyFunctionObject *)fn, call);
+#else
+    ((PyFunctionObject *)fn)->vectorcall = call;
+#endif
+}
+
+/* fn's vectorcall (the default one, on a function fresh from Python) */
+static inline vectorcallfunc
+rt_function_vectorcall(PyObject *fn)
+{
+    return ((PyFunctionObject *)fn)->vectorcall;
+}
+
+/* The exception being handled (sys.exception()): a new reference, or None.
+ * 3.11: PyErr_GetHandledException; 3.10: the value of PyErr_GetExcInfo. */
+static inline PyObject *
+rt_handled_exception(void)
+{
+#if PY_VERSION_HEX >= 0x030B0000
+    PyObject *e = PyErr_GetHandledException();
+#else
+    PyObject *t, *e, *tb;
+    PyErr_GetExcInfo(&t, &e, &tb);
+    Py_XDECREF(t);
+    Py_XDECREF(tb);
+#endif
+    return e != NULL ? e : Py_NewRef(Py_None);
+}
+
+/* Makes exc (None: none) the exception being handled; borrows exc. */
+static inline void
+rt_set_handled(PyObject *exc)
+{
+#if PY_VERSION_HEX >= 0x030B0000
+    PyErr_SetHandledException(exc);
+#else
+    if (exc == Py_None) {
+        PyErr_SetExcInfo(NULL, NULL, NULL);
+    }
+    else {
+        PyErr_SetExcInfo(Py_NewRef((PyObject *)Py_TYPE(exc)), Py_NewRef(exc),
+                         PyException_GetTraceback(exc));
+    }
+#endif
+}
+
+/* The module's stance, as module slots: one interpreter only (3.12 on: it
+ * keeps process-wide state, the dict watcher's table), and the GIL needed
+ * (3.13 on; the package never loads it into a free-threaded build). */
+#if PY_VERSION_HEX >= 0x030D0000
+#define RT_PY_MODULE_STANCE_SLOTS                                                  \
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},   \
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#elif PY_VERSION_HEX >= 0x030C0000
+#define RT_PY_MODULE_STANCE_SLOTS                                                  \
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#else
+#define RT_PY_MODULE_STANCE_SLOTS
+#endif
+
+#endif
