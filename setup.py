@@ -17,7 +17,7 @@ from setuptools.command.build_ext import build_ext
 # nothing about the C++ part ever fails an install. It is compiled against the
 # torch importable now when that torch's series is one whose headers it supports
 # (torch_aot_rt/_cpp.py: CPP_SERIES); a compile or link failure is printed as a
-# warning and skipped. Either way a record, torch_aot_rt/_torch_cpp_<version>.json
+# warning and skipped. Either way a record, torch_aot_rt/_torch_cpp_<version>.<cache tag>.json
 # next to the module, says whether it was built and why not; the loader trusts
 # the record, never a module file left in the tree by an earlier build.
 #   TORCH_AOT_RT_CPP=0: do not build the C++ part (recorded as such).
@@ -65,6 +65,27 @@ def c_core_files(suffix):
     return [f for folder in C_CORE_FOLDERS for f in listdir(folder, suffix)]
 
 
+def _load_by_path(name):
+    """torch_aot_rt/<name>.py, by path: importing the package would install it."""
+    spec = importlib.util.spec_from_file_location(
+        "_torch_aot_rt_" + name, os.path.join("torch_aot_rt", name + ".py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+# The interpreter decides what is built (torch_aot_rt/_versions.py, the gate):
+# nothing into a free-threaded (or other non-default) build, where the package
+# never loads its extension (loading it would switch the GIL back on), so that
+# the install succeeds and changes nothing there; on a CPython minor version
+# no release is verified on, the C core is optional (a compile failure is a
+# warning, and the gate stays closed), so that installing never fails.
+_versions = _load_by_path("_versions")
+BUILD_KIND = _versions.build_kind()
+PYTHON_VERIFIED = any(sys.version_info[:2] in r.pythons for r in _versions.VERIFIED)
+
 c_core = Extension(
     "torch_aot_rt._C",
     sources=c_core_files(".c"),
@@ -72,17 +93,12 @@ c_core = Extension(
     include_dirs=["csrc"],
     extra_compile_args=["-std=c11", "-Wall", "-Wextra"] + common,
     extra_link_args=ldflags,
+    optional=not PYTHON_VERIFIED,
 )
 
 
 def _load_cpp_loader():
-    """torch_aot_rt/_cpp.py, by path: importing the package would install it."""
-    spec = importlib.util.spec_from_file_location(
-        "_torch_aot_rt_cpp_loader", os.path.join("torch_aot_rt", "_cpp.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load_by_path("_cpp")
 
 
 class CppPlan:
@@ -92,6 +108,7 @@ class CppPlan:
     def __init__(self, ident, record, ext=None, reason=None):
         self.ident = ident
         self.record = record
+        self.record_file = _load_cpp_loader().record_name(record["torch_version"])
         self.ext = ext
         self.reason = reason
 
@@ -242,7 +259,7 @@ class build_ext_cpp_optional(build_ext):
         record = {**plan.record, "built": reason is None, "reason": reason}
         for folder in targets:
             os.makedirs(folder, exist_ok=True)
-            with open(os.path.join(folder, plan.ident + ".json"), "w") as f:
+            with open(os.path.join(folder, plan.record_file), "w") as f:
                 json.dump(record, f, indent=1, sort_keys=True)
                 f.write("\n")
 
@@ -291,9 +308,17 @@ class build_ext_cpp_optional(build_ext):
             )
 
 
-CPP = cpp_part()
+if BUILD_KIND != _versions.VERIFIED_BUILD_KIND:
+    sys.stderr.write(
+        f"torch_aot_rt: a {BUILD_KIND} build of Python: no extension is built "
+        "(the package is inactive there and changes nothing)\n"
+    )
+    CPP, EXTENSIONS = None, []
+else:
+    CPP = cpp_part()
+    EXTENSIONS = [c_core] + ([CPP.ext] if CPP is not None and CPP.ext is not None else [])
 setup(
-    ext_modules=[c_core] + ([CPP.ext] if CPP is not None and CPP.ext is not None else []),
+    ext_modules=EXTENSIONS,
     # the build record is written by build_ext_cpp_optional next to the module
     # (in the build tree, and in the source tree for in-place/editable builds)
     cmdclass={"build_ext": build_ext_cpp_optional},

@@ -38,6 +38,7 @@ pytestmark = [pytest.mark.canary, pytest.mark.cpp_independent]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 NAME = _cpp.module_name(str(torch.__version__))
+RECORD = _cpp.record_name(str(torch.__version__))
 SERIES = _cpp.torch_series(str(torch.__version__))
 
 
@@ -78,7 +79,7 @@ def _plant_stale_module(src):
         with open(path, "wb") as f:
             f.write(b"not a module: left by an earlier build")
         planted.append(path)
-    with open(os.path.join(build_lib, "torch_aot_rt", NAME + ".json"), "w") as f:
+    with open(os.path.join(build_lib, "torch_aot_rt", RECORD), "w") as f:
         json.dump({"module": NAME, "built": True, "reason": None, **_cpp.torch_identity(torch)}, f)
     # a C++ part for another torch, left in build/ by a build for that torch
     other = os.path.join(build_lib, "torch_aot_rt", "_torch_cpp_0_0_0_other")
@@ -111,7 +112,7 @@ def _build_wheel(tmp_path, **env):
     (wheel,) = out.glob("torch_aot_rt-*.whl")
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
-        record = json.loads(z.read(f"torch_aot_rt/{NAME}.json"))
+        record = json.loads(z.read(f"torch_aot_rt/{RECORD}"))
     # the build really went through the build tree the stale module was planted in
     assert any(f.startswith("_C.") for f in os.listdir(os.path.join(build_lib, "torch_aot_rt")))
     return names, record, proc.stdout
@@ -122,7 +123,7 @@ def _assert_c_core_only(names, record, log, tmp_path):
     assert not [n for n in names if n.startswith("torch_aot_rt/_torch_cpp_") and n.endswith(".so")]
     # only this torch's record: nothing another build left in build/
     assert [n for n in names if n.startswith("torch_aot_rt/_torch_cpp_")] == [
-        f"torch_aot_rt/{NAME}.json"
+        f"torch_aot_rt/{RECORD}"
     ]
     assert record["built"] is False
     assert record["module"] == NAME
@@ -136,7 +137,7 @@ def _assert_c_core_only(names, record, log, tmp_path):
     # and the running torch's loader reads it as such
     records = tmp_path / "records"
     records.mkdir()
-    (records / f"{NAME}.json").write_text(json.dumps(record))
+    (records / RECORD).write_text(json.dumps(record))
     (records / f"{NAME}{EXT_SUFFIX}").write_text("stale")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_cpp, "_DIR", str(records))
@@ -180,6 +181,7 @@ def test_wheel_on_unsupported_torch_series(tmp_path):
 
 FAKE_VERSION = "9.9.0+fake"
 FAKE_NAME = _cpp.module_name(FAKE_VERSION)
+FAKE_RECORD = _cpp.record_name(FAKE_VERSION)
 
 
 def fake_torch(version=FAKE_VERSION, git="abc123", abi=True):
@@ -207,7 +209,7 @@ def records(tmp_path, monkeypatch):
     (tmp_path / f"{FAKE_NAME}{EXT_SUFFIX}").write_text("stale")
 
     def write(content=None, **fields):
-        path = tmp_path / f"{FAKE_NAME}.json"
+        path = tmp_path / f"{FAKE_RECORD}"
         if content is None:
             record = {"module": FAKE_NAME, **_cpp.torch_identity(fake_torch())}
             record.update(fields)
@@ -264,7 +266,7 @@ def test_record_not_built_without_reason(records):
 
 
 def test_record_missing(records):
-    check(f"not built for torch {FAKE_VERSION} (no {FAKE_NAME}.json)", records.imported)
+    check(f"not built for torch {FAKE_VERSION} (no {FAKE_RECORD})", records.imported)
 
 
 @pytest.mark.parametrize(
@@ -274,16 +276,16 @@ def test_record_missing(records):
 def test_record_unreadable(records, content, detail):
     records.write(content)
     reason = _cpp.absence_reason(fake_torch())
-    assert reason.startswith(f"unreadable build record {FAKE_NAME}.json: "), reason
+    assert reason.startswith(f"unreadable build record {FAKE_RECORD}: "), reason
     if detail:
         assert reason.endswith(detail)
     check(reason, records.imported)
 
 
 def test_record_unreadable_directory(records):
-    (records.dir / f"{FAKE_NAME}.json").mkdir()
+    (records.dir / f"{FAKE_RECORD}").mkdir()
     reason = _cpp.absence_reason(fake_torch())
-    assert reason.startswith(f"unreadable build record {FAKE_NAME}.json: "), reason
+    assert reason.startswith(f"unreadable build record {FAKE_RECORD}: "), reason
     check(reason, records.imported)
 
 
@@ -291,7 +293,7 @@ def test_record_without_built_field(records):
     """Written by the setup.py before the field, ahead of its compile."""
     records.write()
     check(
-        f"build record {FAKE_NAME}.json does not say whether it was built "
+        f"build record {FAKE_RECORD} does not say whether it was built "
         "(written by an older setup.py: rebuild)",
         records.imported,
     )

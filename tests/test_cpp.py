@@ -202,7 +202,7 @@ def test_torch_it_was_not_built_for():
     cpp = result["stats"]["cpp"]
     assert cpp == {
         "module": None,
-        "reason": f"not built for torch {fake} (no {_cpp.module_name(fake)}.json)",
+        "reason": f"not built for torch {fake} (no {_cpp.record_name(fake)})",
     }, cpp
     assert result["loaded_cpp"] == []
     assert result["stats"]["runtime_wrappers"] == 1

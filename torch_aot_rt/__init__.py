@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 
 from . import _install, _state
@@ -76,6 +77,9 @@ def stats() -> dict:
     torch's was replaced (an unverified release, mirrored code that differs
     from the verified source, internals that do not bind), or None (all None
     before the C path is first enabled).
+    ``python``: the interpreter's version and build kind (``default``,
+    ``free-threaded``, ...). The C core's counters below are empty where
+    the gate closed before loading it (an interpreter it does not verify).
     ``cpp``: the C++ part's module when the C core uses it, else None and the
     reason (not built for this torch, built against another, or
     ``TORCH_AOT_RT_CPP=0``). ``cpp_node``: calls of C CompiledFunctions by
@@ -111,6 +115,10 @@ def stats() -> dict:
         "unverified_opt_in": gate.unverified_opt_in if gate else None,
         "inactive": inactive,
     }
+    out["python"] = {
+        "version": "%d.%d.%d" % sys.version_info[:3],
+        "build": gate.kind if gate else None,
+    }
     cpp_module, cpp_reason = _state.cpp()
     out["cpp"] = {"module": cpp_module, "reason": cpp_reason}
     out["cpp_node"] = _node_stats()
@@ -124,46 +132,39 @@ def stats() -> dict:
     return out
 
 
-def _node_stats(reset: bool = False) -> dict:
-    from . import _C
+def _c_stats(name: str, reset: bool) -> dict:
+    """One of the C core's counters, or {} where the extension is not loaded
+    (the gate closed before loading it: nothing of ours ran)."""
+    c = sys.modules.get(__name__ + "._C")
+    return {} if c is None else getattr(c, name)(reset)
 
-    return _C._node_stats(reset)
+
+def _node_stats(reset: bool = False) -> dict:
+    return _c_stats("_node_stats", reset)
 
 
 def _epilogue_stats(reset: bool = False) -> dict:
-    from . import _C
-
-    return _C._epilogue_stats(reset)
+    return _c_stats("_epilogue_stats", reset)
 
 
 def _disable_stats(reset: bool = False) -> dict:
-    from . import _C
-
-    return _C._disable_stats(reset)
+    return _c_stats("_disable_stats", reset)
 
 
 def _helper_stats(reset: bool = False) -> dict:
-    from . import _C
-
-    return _C._helper_stats(reset)
+    return _c_stats("_helper_stats", reset)
 
 
 def _graph_call_stats(reset: bool = False) -> dict:
-    from . import _C
-
-    return _C._graph_call_stats(reset)
+    return _c_stats("_graph_call_stats", reset)
 
 
 def _compile_wrapper_stats(reset: bool = False) -> dict:
-    from . import _C
-
-    return _C._compile_wrapper_stats(reset)
+    return _c_stats("_compile_wrapper_stats", reset)
 
 
 def _config_read_stats(reset: bool = False) -> dict:
-    from . import _C
-
-    return _C._config_read_stats(reset)
+    return _c_stats("_config_read_stats", reset)
 
 
 def reset_stats() -> None:

@@ -3,7 +3,8 @@
 setup.py builds it against the torch installed at build time (loading this
 file by path, so the two sides cannot drift: keep it stdlib-only) when that
 torch's series is in :data:`CPP_SERIES`, and writes a record
-(``_torch_cpp_<version>.json``: whether it was built and, if not, why; torch
+(``_torch_cpp_<version>.<python cache tag>.json``, one per torch and
+Python, as the modules are: whether it was built and, if not, why; torch
 version, git version, C++11 ABI) next to where the module goes. The module
 links that torch's libraries, so it is imported only after the record says it
 was built and matches the running torch: a libtorch with another ABI is never
@@ -18,6 +19,7 @@ import importlib
 import json
 import os
 import re
+import sys
 
 CPP_ENV = "TORCH_AOT_RT_CPP"
 
@@ -88,8 +90,15 @@ def torch_identity(torch) -> dict:
     }
 
 
+def record_name(torch_version: str) -> str:
+    """The build record's file name: the module's, for this Python (modules
+    for several Pythons sit side by side in a checkout, each with its ABI
+    tag; so do their records, each with the interpreter's cache tag)."""
+    return f"{module_name(torch_version)}.{sys.implementation.cache_tag}.json"
+
+
 def record_path(torch_version: str) -> str:
-    return os.path.join(_DIR, module_name(torch_version) + ".json")
+    return os.path.join(_DIR, record_name(torch_version))
 
 
 def _verdict(torch) -> tuple[str | None, str]:
@@ -97,17 +106,18 @@ def _verdict(torch) -> tuple[str | None, str]:
     switch and the build record alone: nothing is imported."""
     version = str(torch.__version__)
     name = module_name(version)
+    file = record_name(version)
     if _switched_off():
         return f"switched off ({CPP_ENV}=0)", name
     try:
         with open(record_path(version)) as f:
             record = json.load(f)
     except FileNotFoundError:
-        return f"not built for torch {version} (no {name}.json)", name
+        return f"not built for torch {version} (no {file})", name
     except (OSError, ValueError) as e:
-        return f"unreadable build record {name}.json: {e}", name
+        return f"unreadable build record {file}: {e}", name
     if not isinstance(record, dict):
-        return f"unreadable build record {name}.json: not a JSON object", name
+        return f"unreadable build record {file}: not a JSON object", name
     built = record.get("built")
     if built is False:
         return f"not built: {record.get('reason') or 'no reason recorded'}", name
@@ -115,7 +125,7 @@ def _verdict(torch) -> tuple[str | None, str]:
         # setup.py before the field wrote the record ahead of the compile, so
         # such a record does not say the module in the tree came from it
         return (
-            f"build record {name}.json does not say whether it was built "
+            f"build record {file} does not say whether it was built "
             "(written by an older setup.py: rebuild)"
         ), name
     for key, value in torch_identity(torch).items():

@@ -249,6 +249,16 @@ def _gate_reason(torch, gate) -> str | None:
     return None
 
 
+def _extension_reason() -> str | None:
+    """Why our C extension cannot be loaded into this interpreter, or None
+    (it is then loaded). Asked only where the gate is open."""
+    try:
+        from . import _C  # noqa: F401
+    except ImportError as e:
+        return f"torch_aot_rt's C extension does not load: {e}"
+    return None
+
+
 def _bind(rw, rel) -> None:
     """Check the release entry against this torch and bind the C core to it
     (and the C++ part, where built for this torch). Raises when they differ."""
@@ -389,6 +399,8 @@ def install() -> None:
         _state.installed["gate"] = gate
         _state.installed["replaced"] = []
         reason = _gate_reason(torch, gate)
+        if reason is None:
+            reason = _extension_reason()
         if reason is None:
             try:
                 rw = _runtime_wrappers_module()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 from dataclasses import dataclass
 
 
@@ -311,6 +312,12 @@ class Release:
     # compile-time difference the C path inherits (it reads the metadata it
     # gets); recorded for the tests.
     downgrade_keeps_grad_enabled_mutation: bool = True
+    # --- the interpreters ---
+    # The CPython minor versions (GIL builds) the release is verified on:
+    # those torch publishes wheels of the release for, on each of which the
+    # whole suite passed (docs/compatibility.md records when); the gate is
+    # closed on any other (README's support matrix is made from this).
+    pythons: tuple[tuple[int, int], ...] = ((3, 10), (3, 11), (3, 12), (3, 13), (3, 14))
 
     def __post_init__(self) -> None:
         # the registry exists exactly where the forward snapshots it; only a
@@ -469,6 +476,7 @@ VERIFIED: tuple[Release, ...] = (
         fx_tracing_flag_tls=True,
         generation_tag_patch_attr="___has_generation_tag_patch",
         pregraph_per_call=False,
+        pythons=((3, 11), (3, 12), (3, 13), (3, 14), (3, 15)),
     ),
 )
 
@@ -489,30 +497,87 @@ def _opted_in() -> bool:
     return os.environ.get(UNVERIFIED_ENV, "").strip().lower() in ("1", "true", "on", "yes")
 
 
+def build_kind() -> str:
+    """What the running interpreter is, as far as the gate asks: "default"
+    (a CPython release build with the GIL), "free-threaded"
+    (Py_GIL_DISABLED: loading our C extension would switch the GIL back
+    on), "debug" (Py_DEBUG), or the implementation's name (PyPy, ...)."""
+    import sysconfig
+
+    if sys.implementation.name != "cpython":
+        return sys.implementation.name
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return "free-threaded"
+    if hasattr(sys, "gettotalrefcount"):
+        return "debug"
+    return "default"
+
+
+VERIFIED_BUILD_KIND = "default"
+
+
+def python_name(python: tuple[int, int]) -> str:
+    return "%d.%d" % python
+
+
 @dataclass(frozen=True)
 class Gate:
     torch_version: str
     release: Release | None    # the semantics the C path runs with, or None
     verified: bool
     unverified_opt_in: bool
+    python: tuple[int, int] = sys.version_info[:2]
+    kind: str = VERIFIED_BUILD_KIND
+    # why the C path does not run here (torch release, interpreter), or None
+    why: str | None = None
 
     @property
     def reason(self) -> str | None:
         """Why every compile falls back, or None."""
+        if self.why is not None:
+            return self.why
         if self.release is None:
             return f"torch {self.torch_version} is not a verified version"
         return None
 
+    @property
+    def loads_extension(self) -> bool:
+        """Whether our C extension may be loaded at all: never into an
+        interpreter of another build kind (a free-threaded one would switch
+        its GIL on), whatever the opt-in says."""
+        return self.kind == VERIFIED_BUILD_KIND
 
-def resolve(torch_version: str) -> Gate:
-    """The gate for this torch version and environment."""
+
+def resolve(torch_version: str, python: tuple[int, int] | None = None,
+            kind: str | None = None) -> Gate:
+    """The gate for this torch version, CPython minor version and build kind
+    (the running interpreter's by default) and environment."""
+    python = tuple(python or sys.version_info[:2])
+    kind = kind or build_kind()
+    if kind != VERIFIED_BUILD_KIND:
+        what = "a free-threaded build" if kind == "free-threaded" else f"a {kind} build"
+        return Gate(torch_version, None, False, False, python, kind,
+                    f"{what} of Python {python_name(python)} is not supported "
+                    "(the C extension is not loaded there)")
+    gate = _resolve_torch(torch_version, python, kind)
+    if gate.release is None or python in gate.release.pythons:
+        return gate
+    if _opted_in():
+        return dataclasses.replace(gate, verified=False, unverified_opt_in=True)
+    verified = ", ".join(python_name(p) for p in gate.release.pythons)
+    return Gate(torch_version, None, False, False, python, kind,
+                f"Python {python_name(python)} is not verified with torch "
+                f"{gate.release.name} (verified: {verified})")
+
+
+def _resolve_torch(torch_version: str, python: tuple[int, int], kind: str) -> Gate:
     if _FINAL.match(torch_version):
         series = tuple(int(x) for x in _SERIES.match(torch_version).groups())
         for release in VERIFIED:
             if release.series == series:
-                return Gate(torch_version, release, True, False)
+                return Gate(torch_version, release, True, False, python, kind)
     if not _opted_in():
-        return Gate(torch_version, None, False, False)
+        return Gate(torch_version, None, False, False, python, kind)
     # At the user's own risk: the newest entry not newer than this torch
     # (the oldest for anything older, the newest for anything unparsable), or
     # the candidate entry of its series.
@@ -522,7 +587,27 @@ def resolve(torch_version: str) -> Gate:
         series = (int(m.group(1)), int(m.group(2)))
         for release in CANDIDATES:
             if release.series == series:
-                return Gate(torch_version, release, False, True)
+                return Gate(torch_version, release, False, True, python, kind)
         older = [r for r in VERIFIED if r.series <= series]
         nearest = older[-1] if older else VERIFIED[0]
-    return Gate(torch_version, nearest, False, True)
+    return Gate(torch_version, nearest, False, True, python, kind)
+
+
+def verified_pairs() -> list[tuple[str, str]]:
+    """Every (torch series, CPython minor) pair the gate opens on, as
+    ("2.15", "3.12"), release by release."""
+    return [(r.name, python_name(p)) for r in VERIFIED for p in r.pythons]
+
+
+def support_matrix() -> str:
+    """The support matrix as a Markdown table (README's is this, checked by
+    a test): torch series by CPython minor version, verified or not."""
+    pythons = sorted({p for r in VERIFIED for p in r.pythons})
+    head = "| torch \\ CPython | " + " | ".join(python_name(p) for p in pythons) + " |"
+    rule = "|---|" + "---|" * len(pythons)
+    rows = [
+        f"| {r.name} | " + " | ".join("verified" if p in r.pythons else "inactive"
+                                      for p in pythons) + " |"
+        for r in VERIFIED
+    ]
+    return "\n".join([head, rule] + rows)
