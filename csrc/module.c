@@ -13,6 +13,7 @@
 #include "inductor/inductor.h"
 #include "torch_api.h"
 #include "util/dict_version.h"
+#include "util/frame_stub.h"
 #include "util/py_compat.h"
 
 static PyObject *
@@ -112,8 +113,14 @@ static PyMethodDef module_methods[] = {
      PyDoc_STR("_bind_compile_wrapper(**what Dynamo's compile_wrapper reads)\nBind the C "
                "compile_wrapper's state once the shim verified it.")},
     {"_compile_wrapper_for", rt_compile_wrapper_for, METH_O,
-     PyDoc_STR("_compile_wrapper_for(wrapper)\nwrapper, or a CompileWrapper over it when it "
-               "is the verified compile_wrapper (counted).")},
+     PyDoc_STR("_compile_wrapper_for(wrapper)\nwrapper, its calls run in C from now on "
+               "where it is the verified compile_wrapper (counted).")},
+    {"_is_c_compile_wrapper", rt_is_c_compile_wrapper_py, METH_O,
+     PyDoc_STR("_is_c_compile_wrapper(obj)\nWhether obj is a compile_wrapper function whose "
+               "calls C runs.")},
+    {"_reraise", rt_reraise, METH_O,
+     PyDoc_STR("_reraise(exc)\nRaise exc as it is (its traceback goes on, no context is "
+               "set): what a frame stub calls (torch_aot_rt/_frames.py).")},
     {"_bind_config_read", (PyCFunction)(void (*)(void))rt_bind_config_read,
      METH_VARARGS | METH_KEYWORDS,
      PyDoc_STR("_bind_config_read(ConfigModule, *, attribute_overrides=False)\nRead the "
@@ -161,7 +168,8 @@ module_exec(PyObject *module)
     if (st->RuntimeWrapperType == NULL) {
         return -1;
     }
-    if (PyModule_AddType(module, st->RuntimeWrapperType) < 0) {
+    if (PyModule_AddStringConstant(module, "FRAME_PLACEHOLDER", RT_FRAME_PLACEHOLDER) < 0 ||
+        PyModule_AddType(module, st->RuntimeWrapperType) < 0) {
         return -1;
     }
     if (rt_autograd_types_init(module, st) < 0 || rt_dynamo_types_init(module, st) < 0 ||

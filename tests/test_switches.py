@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 import textwrap
 import types
 
@@ -128,6 +129,7 @@ def test_stats_snapshot_and_reset():
         "fallbacks": 0,
         "fallback_reasons": {},
         "torch": expected_torch,
+        "python": {"version": "%d.%d.%d" % sys.version_info[:3], "build": "default"},
         "cpp": torch_aot_rt.stats()["cpp"],  # not a counter either (test_cpp.py checks it)
         "cpp_node": {k: 0 for k in torch_aot_rt.stats()["cpp_node"]},
         "cpp_epilogue": {k: 0 for k in torch_aot_rt.stats()["cpp_epilogue"]},

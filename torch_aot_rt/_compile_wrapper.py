@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dis
 import functools
+import inspect
+import sys
 import types
 
 CELLS = ("callback", "fn", "is_fx_symbolic_tracing", "is_jit_tracing", "self")
@@ -49,6 +51,47 @@ def fullgraph_warning(code, eval_frame):
     return types.FunctionType(body, vars(eval_frame), "compile_wrapper")
 
 
+def _frames_of(code, release, globals_):
+    """compile_wrapper's frame stubs (``_frames``), one per way an
+    exception leaves it (in _C's order: the call of fn, the re-raise of a
+    compiler error, of a ShortenTraceback, fullgraph's no-compiled-frames
+    error), None where that exit is not found (no entry is then added); and
+    on CPython 3.11 the trampoline its functions run (the stub at the call,
+    with the placeholder for C's object), else None. (None, None) where the
+    call itself is not found."""
+    from . import _C, _frames
+
+    at_call = _frames.call_of(code, "fn")
+    if at_call is None:
+        return None, None
+    positions = (
+        at_call,
+        _frames.raise_after(code, "with_traceback", "__cause__", nargs=2),
+        _frames.raise_after(code, "remove_dynamo_frames", nargs=2),
+        # 2.12's warning has its own frame (fullgraph_warning), 2.11 raises none
+        _frames.raise_after(code, "RuntimeError", "msg", nargs=1)
+        if release.compile_wrapper_fullgraph == "raise" else None,
+    )
+    frames = tuple(
+        None if at is None else _frames.stub(code, at, _C._reraise, globals_)
+        for at in positions
+    )
+    if frames[0] is None:
+        return None, None
+    trampoline = None
+    if sys.version_info[:2] == (3, 11):
+        # 3.11's interpreter runs a function's frame without its vectorcall:
+        # the function runs this code, whose frame gives the traceback the
+        # entry of each exit itself
+        trampoline = _frames.trampoline(
+            code, at_call, [(k, at) for k, at in enumerate(positions) if k and at is not None],
+            globals_)
+        if trampoline is None:
+            return None, None
+        frames = (None,) * len(frames)
+    return frames, trampoline
+
+
 def install(release) -> list | str:
     """Bind the C compile_wrapper and wrap ``_TorchDynamoContext.__call__``;
     the Replaced record, or why it stays upstream's."""
@@ -62,7 +105,7 @@ def install(release) -> list | str:
     import torch.fx._symbolic_trace as symbolic_trace
     from torch.utils._config_module import ConfigModule
 
-    from . import _C, _state
+    from . import _C, _frames, _state
 
     cls = eval_frame._TorchDynamoContext
     upstream = cls.__dict__.get("__call__")
@@ -83,6 +126,9 @@ def install(release) -> list | str:
         fullgraph_warn = fullgraph_warning(code, eval_frame)
         if fullgraph_warn is None:
             return "compile_wrapper's fullgraph warning is not the verified one"
+    frames, trampoline = _frames_of(code, release, vars(eval_frame))
+    if frames is None:
+        return "compile_wrapper's frame cannot be reproduced on this Python"
     keys_saved = release.compile_wrapper_saves_dispatch_keys
     keys_cpp = keys_saved and release.compile_wrapper_cpp_key_stack
     keys_guard = keys_saved and not keys_cpp
@@ -119,6 +165,8 @@ def install(release) -> list | str:
         patcher=release.config_patcher,
         fullgraph=release.compile_wrapper_fullgraph,
         fullgraph_warn=fullgraph_warn,
+        frames=frames,
+        trampoline=trampoline,
     )
 
     @functools.wraps(upstream)
@@ -134,12 +182,18 @@ def install(release) -> list | str:
     # super().__call__ is nn.Module's
     module_cls = eval_frame.OptimizedModule
     if module_cls.__mro__[1] is torch.nn.Module and "__call__" in module_cls.__dict__:
+        upstream_call = module_cls.__dict__["__call__"]
+        at = _frames.call_of(upstream_call.__code__, "__call__")
         ours = _C.ModuleCall(
-            upstream=module_cls.__dict__["__call__"],
+            upstream=upstream_call,
             module_cls=torch.nn.Module,
             eval_frame=eval_frame,
             nn_module=torch.nn.modules.module,
+            frame=None if at is None else _frames.stub(
+                upstream_call.__code__, at, _C._reraise, vars(eval_frame)),
         )
+        # what inspect.signature reads: upstream's (self, *args, **kwargs)
+        ours.__signature__ = inspect.signature(upstream_call)
         replaced.append(_state.replace(module_cls, "__call__", ours))
     else:
         _state.count_fallback("OptimizedModule.__call__: its class is not the verified one")

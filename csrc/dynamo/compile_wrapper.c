@@ -75,15 +75,40 @@
 #include "util/dict_version.h"
 #include "dynamo/dynamo.h"
 #include "fn_object.h"
+#include "util/frame_stub.h"
+#include "util/py_compat.h"
+
+#include <string.h>
 
 enum { CELL_CALLBACK, CELL_FN, CELL_FX, CELL_JIT, CELL_SELF };
 
+/* What the C side keeps of one compile_wrapper function (made with the C
+ * runtime on), which stays upstream's function object. Its calls reach C
+ * through the function's vectorcall, which finds this object in
+ * rt_cw_state.fns (forgotten when the function goes: the object is the
+ * callback of its weak reference to the function); on CPython 3.11, whose
+ * interpreter runs a Python function's frame without its vectorcall,
+ * through the function's code, a trampoline that calls this object (a
+ * constant of that code). It holds nothing that could lead back to the
+ * function (not its cells: a compiled function in a reference cycle with
+ * the function it compiles is collected as without us). */
 typedef struct {
-    RT_FN_HEAD
-    PyObject *upstream;   /* the compile_wrapper */
-    PyObject *cells[5];   /* its closure cells (enum above), read per call */
+    PyObject_HEAD
+    vectorcallfunc vectorcall; /* CPython 3.11: called by the function's code */
+    PyObject *module;     /* _C, whose state holds fns */
+    PyObject *weakref;    /* to the function (with this object as its callback where
+                           * fns holds it) */
+    const void *fn;       /* the function's address: the key in fns */
     rt_attr_memo ctx;     /* the context's attributes (ctx_attr) */
 } CompileWrapper;
+
+/* One call's view of the compile_wrapper function it runs. */
+typedef struct {
+    rt_state *st;
+    PyObject *fn;         /* the compile_wrapper function (borrowed: the callee) */
+    PyObject *cells[5];   /* its closure's cells (enum above), borrowed from fn */
+    rt_attr_memo *ctx;    /* its CompileWrapper's memo */
+} cw_self;
 
 /* The most enter hooks a call in C takes: torch.compile's own and config
  * patchers (dynamic=, dynamic_shapes=); more is upstream's. */
@@ -95,6 +120,10 @@ typedef struct {
     int fullgraph;
     PyObject *eog;        /* self.error_on_graph_break */
     PyObject *hooks;      /* self.enter_exit_hooks, a list checked by hooks_handled */
+    /* CPython 3.11: the exit (rt_cw_frame) the exception exc raised there
+     * leaves from, for the trampoline to raise it at (exit_at) */
+    int exit;
+    PyObject *exit_exc;
 } cw_call;
 
 static void
@@ -105,6 +134,7 @@ cw_call_clear(cw_call *c)
     Py_CLEAR(c->callback);
     Py_CLEAR(c->eog);
     Py_CLEAR(c->hooks);
+    Py_CLEAR(c->exit_exc);
 }
 
 /* h is call_on_enter over OptimizeContext's on_enter
@@ -255,22 +285,22 @@ enum { CTX_EXPORT, CTX_FULLGRAPH, CTX_EOG, CTX_HOOKS, CTX_ISOLATE_ID, CTX_N };
 /* self.<CTX_*> of the context ctx: a new reference, or NULL with the
  * exception the read raises */
 static PyObject *
-ctx_attr(CompileWrapper *self, rt_cw_state *cw, PyObject *ctx, int i)
+ctx_attr(cw_self *self, rt_cw_state *cw, PyObject *ctx, int i)
 {
     PyObject *names[CTX_N] = {cw->str_export, cw->str_fullgraph, cw->str_error_on_graph_break,
                               cw->str_enter_exit_hooks, cw->str_isolate_id};
     /* _isolate_recompiles_id: only the releases that read it (2.13 on) */
-    int memo = rt_attr_memo_read(&self->ctx, ctx, names, cw->isolate_recompiles ? CTX_N : CTX_N - 1);
+    int memo = rt_attr_memo_read(self->ctx, ctx, names, cw->isolate_recompiles ? CTX_N : CTX_N - 1);
     if (memo < 0) {
         return NULL;
     }
-    PyObject *v = memo ? self->ctx.values[i] : NULL;
+    PyObject *v = memo ? self->ctx->values[i] : NULL;
     return v != NULL ? Py_NewRef(v) : PyObject_GetAttr(ctx, names[i]); /* absent: its error */
 }
 
 /* bool(self.<CTX_*>): 1/0, -1 */
 static int
-ctx_truthy(CompileWrapper *self, rt_cw_state *cw, PyObject *ctx, int i)
+ctx_truthy(cw_self *self, rt_cw_state *cw, PyObject *ctx, int i)
 {
     PyObject *v = ctx_attr(self, cw, ctx, i);
     if (v == NULL) {
@@ -284,7 +314,7 @@ ctx_truthy(CompileWrapper *self, rt_cw_state *cw, PyObject *ctx, int i)
 /* RT_CW_CALL_C, or the reason upstream's runs; -1 with an exception. Fills
  * *c (the caller clears it). Reads only. */
 static int
-steady_state(CompileWrapper *self, rt_cw_state *cw, cw_call *c)
+steady_state(cw_self *self, rt_cw_state *cw, cw_call *c)
 {
     for (int i = 0; i < 5; i++) {
         if (PyCell_GET(self->cells[i]) == NULL) {
@@ -535,10 +565,29 @@ exit_hooks(rt_state *st, cw_entered *e)
     return 0;
 }
 
-/* The except clauses around fn's call, on the pending exception. */
+/* The raised exception leaves compile_wrapper from exit (a raise of its own,
+ * not fn's call): its traceback gains the entry of that exit's frame stub;
+ * on CPython 3.11 the trampoline, whose frame is the function's, raises it
+ * there itself (recorded here, handed over in run). */
 static void
+exit_at(rt_cw_state *cw, cw_call *c, int exit)
+{
+    if (cw->trampoline == NULL) {
+        rt_frame_add(cw->frames[exit]);
+        return;
+    }
+    c->exit = exit;
+    Py_XSETREF(c->exit_exc, Py_XNewRef(rt_raised_exception()));
+}
+
+/* The except clauses around fn's call, on the pending exception: the exit
+ * its traceback entry is at (enum rt_cw_frame), or -1 where handling it
+ * raised another. The entry of the call itself is added first, as
+ * upstream's frame has it when its except clauses run. */
+static int
 transform_exception(rt_cw_state *cw)
 {
+    rt_frame_add(cw->frames[RT_CW_FRAME_CALL]);
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
@@ -558,7 +607,7 @@ transform_exception(rt_cw_state *cw)
                 goto raised;
             }
             PyErr_Restore(type, value, tb); /* bare `raise` */
-            return;
+            return RT_CW_FRAME_CALL;
         }
         /* strip internal tracebacks from causes */
         PyObject *cur = Py_NewRef(value);
@@ -590,7 +639,7 @@ transform_exception(rt_cw_state *cw)
         /* restored as it is: PyErr_SetObject would make the caller's
          * handled exception its context */
         PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(same)), same, PyException_GetTraceback(same));
-        return;
+        return RT_CW_FRAME_COMPILER_ERROR;
     }
     if (shorten) {
         /* raise e.remove_dynamo_frames() from None */
@@ -612,10 +661,10 @@ transform_exception(rt_cw_state *cw)
         Py_XDECREF(tb);
         /* raising an exception keeps its __traceback__ and goes on from it */
         PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(e2)), e2, PyException_GetTraceback(e2));
-        return;
+        return RT_CW_FRAME_SHORTEN;
     }
     PyErr_Restore(type, value, tb);
-    return;
+    return RT_CW_FRAME_CALL;
 raised:
     {
         /* an error while handling: it wins, the exception as its context */
@@ -632,6 +681,7 @@ raised:
         Py_XDECREF(tb);
         PyErr_Restore(t2, v2, tb2);
     }
+    return -1;
 }
 
 /* The fullgraph check in the inner finally: no compiled frame ran. */
@@ -753,7 +803,7 @@ fullgraph_exit_check(rt_cw_state *cw, PyObject *count)
 /* The outer try's body (after the fullgraph set-up): the result, or NULL
  * with an exception. */
 static PyObject *
-run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *argv, size_t nargsf,
+run_body(cw_self *self, rt_cw_state *cw, cw_call *c, PyObject *const *argv, size_t nargsf,
          PyObject *kwnames, PyObject *prior_nested, int fg_count)
 {
     PyObject *const *g = cw->expected;
@@ -824,7 +874,10 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
     result = PyObject_Vectorcall(c->fn, argv, nargsf, kwnames);
     int succeeded = result != NULL;
     if (!succeeded) {
-        transform_exception(cw);
+        int exit = transform_exception(cw);
+        if (exit > RT_CW_FRAME_CALL) {
+            exit_at(cw, c, exit);
+        }
     }
     /* finally: (a step that raises ends the block, as in Python) */
     {
@@ -836,6 +889,9 @@ run_body(CompileWrapper *self, rt_cw_state *cw, cw_call *c, PyObject *const *arg
             PyObject *count = minus ? rt_call_one(g[RT_CWG_SET_FG_COUNT], minus) : NULL;
             Py_XDECREF(minus);
             ok = count != NULL && fullgraph_exit_check(cw, count) == 0;
+            if (!ok && count != NULL) {
+                exit_at(cw, c, RT_CW_FRAME_FULLGRAPH);
+            }
             Py_XDECREF(count);
         }
         if (ok && prior_eog != NULL) {
@@ -884,12 +940,116 @@ done:
     return result;
 }
 
+/* The module state the compile_wrapper functions made ours run with, and
+ * the vectorcall of a Python function, which runs their own code (what a
+ * call is when the C side does not take it). Set by the binding; a
+ * function called after the module's state is cleared runs its code. */
+static rt_state *bound_state;
+static vectorcallfunc function_call;
+
+/* fn(*args, **kwargs) as upstream's compile_wrapper: its own code; on
+ * CPython 3.11, where fn's code is the trampoline, a function of
+ * upstream's code over fn's closure, made for the call. */
+static PyObject *
+call_upstream(rt_cw_state *cw, PyObject *fn, PyObject *const *argv, size_t nargsf,
+              PyObject *kwnames)
+{
+    if (cw->trampoline == NULL || PyFunction_GET_CODE(fn) == cw->code) {
+        return function_call(fn, argv, nargsf, kwnames);
+    }
+    PyObject *twin = PyFunction_NewWithQualName(cw->code, PyFunction_GET_GLOBALS(fn),
+                                                ((PyFunctionObject *)fn)->func_qualname);
+    if (twin == NULL || PyFunction_SetClosure(twin, PyFunction_GET_CLOSURE(fn)) < 0) {
+        Py_XDECREF(twin);
+        return NULL;
+    }
+    PyObject *result = PyObject_Vectorcall(twin, argv, nargsf, kwnames);
+    Py_DECREF(twin);
+    return result;
+}
+
+static PyObject *run(rt_state *st, PyObject *fn, CompileWrapper *state, PyObject *const *argv,
+                     size_t nargsf, PyObject *kwnames);
+
+/* CPython 3.11: the exception a call leaves by a raise of compile_wrapper's
+ * own, kept for its trampoline to raise at that raise's position, right
+ * after the call returns the CompileWrapper itself: the calling thread's
+ * (another thread may run between the two). */
+static _Thread_local struct {
+    PyObject *exc;
+    int exit;
+} pending_exit;
+
+/* CompileWrapper._exit(k): raises the kept exception where it leaves from
+ * exit k (any, for -1); None where it leaves from another. */
+static PyObject *
+CompileWrapper_exit(PyObject *Py_UNUSED(op), PyObject *arg)
+{
+    long k = PyLong_AsLong(arg);
+    if (k == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (pending_exit.exc == NULL) {
+        if (k != -1) {
+            Py_RETURN_NONE;
+        }
+        PyErr_SetString(PyExc_RuntimeError, "torch_aot_rt: no exception kept for the trampoline");
+        return NULL;
+    }
+    if (k != -1 && k != pending_exit.exit) {
+        Py_RETURN_NONE;
+    }
+    PyObject *exc = pending_exit.exc;
+    pending_exit.exc = NULL;
+    rt_raise_as_is(exc);
+    return NULL;
+}
+
+/* The vectorcall of a compile_wrapper function made ours. */
+static PyObject *
+compile_wrapper_call(PyObject *fn, PyObject *const *argv, size_t nargsf, PyObject *kwnames)
+{
+    rt_state *st = bound_state;
+    rt_ptr_entry *e = st != NULL ? rt_ptr_map_find(&st->cw.fns, fn) : NULL;
+    if (e == NULL || PyFunction_GET_CODE(fn) != st->cw.code) {
+        return function_call(fn, argv, nargsf, kwnames); /* its __code__ replaced */
+    }
+    return run(st, fn, (CompileWrapper *)(uintptr_t)e->value, argv, nargsf, kwnames);
+}
+
+/* CPython 3.11: the trampoline (the function's code) calls its
+ * CompileWrapper with the function's arguments. */
 static PyObject *
 CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObject *kwnames)
 {
-    CompileWrapper *self = (CompileWrapper *)op;
-    rt_cw_state *cw = &self->st->cw;
-    cw_call c = {NULL, NULL, NULL, 0, NULL, NULL};
+    CompileWrapper *state = (CompileWrapper *)op;
+    rt_state *st = PyModule_GetState(state->module);
+    PyObject *fn = state->weakref != NULL ? rt_weakref_get(state->weakref) : NULL;
+    if (fn == NULL || !PyFunction_Check(fn)) {
+        Py_XDECREF(fn);
+        PyErr_SetString(PyExc_RuntimeError,
+                        "torch_aot_rt: a compile_wrapper's code called without its function");
+        return NULL;
+    }
+    PyObject *result = run(st, fn, state, argv, nargsf, kwnames);
+    Py_DECREF(fn);
+    return result;
+}
+
+/* A call of fn, a compile_wrapper function made ours, whose state is
+ * state. */
+static PyObject *
+run(rt_state *st, PyObject *fn, CompileWrapper *state, PyObject *const *argv, size_t nargsf,
+    PyObject *kwnames)
+{
+    PyObject *closure = PyFunction_GET_CLOSURE(fn);
+    rt_cw_state *cw = &st->cw;
+    cw_self view = {st, fn, {NULL}, &state->ctx};
+    cw_self *self = &view;
+    for (int i = 0; i < 5; i++) {
+        self->cells[i] = PyTuple_GET_ITEM(closure, cw->cell[i]);
+    }
+    cw_call c = {NULL, NULL, NULL, 0, NULL, NULL, -1, NULL};
     int path = steady_state(self, cw, &c);
     if (path != RT_CW_CALL_C) {
         cw_call_clear(&c);
@@ -897,7 +1057,7 @@ CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
             return NULL;
         }
         cw->counts[path]++;
-        return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
+        return call_upstream(cw, fn, argv, nargsf, kwnames);
     }
     cw->counts[RT_CW_CALL_C]++;
     PyObject *const *g = cw->expected;
@@ -984,71 +1144,104 @@ CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
 done:
     Py_XDECREF(prior);
     Py_XDECREF(prior_nested);
+    if (result == NULL && c.exit_exc != NULL && rt_raised_exception() == c.exit_exc) {
+        /* 3.11: the trampoline raises it at its exit (CompileWrapper._exit) */
+        Py_XSETREF(pending_exit.exc, rt_take_exception());
+        pending_exit.exit = c.exit;
+        result = Py_NewRef((PyObject *)state);
+    }
     cw_call_clear(&c);
     return result;
 }
 
-/* Attributes it lacks are the compile_wrapper's (__wrapped__,
- * _torchdynamo_orig_callable, get_compiler_config, __name__, ...); its
- * __dict__ is the compile_wrapper's own (set at construction), so what is
- * set on either is on both, and a static look-up (inspect.getattr_static,
- * which Dynamo uses for _torchdynamo_inline) finds them. */
-static PyObject *
-CompileWrapper_getattro(PyObject *op, PyObject *name)
+/* ---- making a compile_wrapper function ours ------------------------------- */
+
+int
+rt_is_c_compile_wrapper(PyObject *obj)
 {
-    PyObject *v = PyObject_GenericGetAttr(op, name);
-    if (v != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) {
-        return v;
+    if (!PyFunction_Check(obj)) {
+        return 0;
     }
-    PyErr_Clear();
-    return PyObject_GetAttr(((CompileWrapper *)op)->upstream, name);
+    if (rt_function_vectorcall(obj) == compile_wrapper_call) {
+        return 1;
+    }
+    /* 3.11: its code is a trampoline, whose constants hold its CompileWrapper */
+    rt_state *st = bound_state;
+    PyObject *code = PyFunction_GET_CODE(obj);
+    if (st == NULL || st->cw.trampoline == NULL || code == st->cw.code ||
+        ((PyCodeObject *)code)->co_filename != ((PyCodeObject *)st->cw.trampoline)->co_filename) {
+        return 0;
+    }
+    PyObject *consts = ((PyCodeObject *)code)->co_consts;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(consts); i++) {
+        if (Py_IS_TYPE(PyTuple_GET_ITEM(consts, i), st->CompileWrapperType)) {
+            return 1;
+        }
+    }
+    return 0;
 }
 
-/* __class__: the compile_wrapper's (a function), so that isinstance(obj,
- * types.FunctionType) holds as for upstream's, and Dynamo, tracing a call of
- * it from another compiled function, inlines its _torchdynamo_inline. */
-static PyObject *
-CompileWrapper_get_class(PyObject *op, void *Py_UNUSED(closure))
+PyObject *
+rt_is_c_compile_wrapper_py(PyObject *Py_UNUSED(module), PyObject *obj)
 {
-    return Py_NewRef((PyObject *)Py_TYPE(((CompileWrapper *)op)->upstream));
+    return PyBool_FromLong(rt_is_c_compile_wrapper(obj));
 }
 
-static PyObject *
-CompileWrapper_repr(PyObject *op)
+/* CPython 3.11: fn's code becomes the trampoline with self as its
+ * constant (the trampoline's placeholder replaced); 0, or -1 with an
+ * exception. */
+static int
+set_trampoline(rt_cw_state *cw, PyObject *fn, CompileWrapper *self)
 {
-    return PyObject_Repr(((CompileWrapper *)op)->upstream);
+    PyObject *consts = PyObject_GetAttr(cw->trampoline, cw->str_consts);
+    PyObject *mine = consts != NULL ? PySequence_List(consts) : NULL;
+    Py_XDECREF(consts);
+    if (mine == NULL) {
+        return -1;
+    }
+    int placed = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(mine); i++) {
+        PyObject *item = PyList_GET_ITEM(mine, i);
+        if (PyUnicode_Check(item) && PyUnicode_CompareWithASCIIString(item, RT_FRAME_PLACEHOLDER) == 0) {
+            PyList_SetItem(mine, i, Py_NewRef((PyObject *)self)); /* steals */
+            placed = 1;
+        }
+    }
+    PyObject *tuple = placed ? PyList_AsTuple(mine) : NULL;
+    Py_DECREF(mine);
+    if (tuple == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "_bind_compile_wrapper: the trampoline has no "
+                                              "placeholder constant");
+        }
+        return -1;
+    }
+    PyObject *argv[2] = {cw->trampoline, tuple};
+    PyObject *kwnames = PyTuple_Pack(1, cw->str_consts);
+    PyObject *code = kwnames != NULL ? PyObject_VectorcallMethod(
+                                           cw->str_replace, argv,
+                                           1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames)
+                                     : NULL;
+    Py_XDECREF(kwnames);
+    Py_DECREF(tuple);
+    if (code == NULL) {
+        return -1;
+    }
+    int rc = PyObject_SetAttrString(fn, "__code__", code); /* checks its free variables */
+    Py_DECREF(code);
+    return rc;
 }
-
-/* copy.copy / copy.deepcopy treat a function as atomic: so is this */
-static PyObject *
-CompileWrapper_copy(PyObject *op, PyObject *Py_UNUSED(ignored))
-{
-    return Py_NewRef(op);
-}
-
-static PyGetSetDef CompileWrapper_getset[] = {
-    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
-    {"__class__", CompileWrapper_get_class, NULL, NULL, NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyMethodDef CompileWrapper_methods[] = {
-    {"__copy__", CompileWrapper_copy, METH_NOARGS, NULL},
-    {"__deepcopy__", CompileWrapper_copy, METH_O, NULL},
-    {NULL, NULL, 0, NULL},
-};
-
-/* ---- construction ---------------------------------------------------------- */
 
 PyObject *
 rt_compile_wrapper_for(PyObject *module, PyObject *wrapper)
 {
     rt_state *st = PyModule_GetState(module);
     rt_cw_state *cw = &st->cw;
-    PyObject *closure = NULL;
-    if (cw->code != NULL && PyFunction_Check(wrapper) && PyFunction_GET_CODE(wrapper) == cw->code) {
-        closure = PyFunction_GET_CLOSURE(wrapper);
+    if (cw->code == NULL || !PyFunction_Check(wrapper) || PyFunction_GET_CODE(wrapper) != cw->code ||
+        rt_is_c_compile_wrapper(wrapper)) {
+        return Py_NewRef(wrapper);
     }
+    PyObject *closure = PyFunction_GET_CLOSURE(wrapper);
     if (closure == NULL || !PyTuple_Check(closure)) {
         return Py_NewRef(wrapper);
     }
@@ -1057,30 +1250,102 @@ rt_compile_wrapper_for(PyObject *module, PyObject *wrapper)
             return Py_NewRef(wrapper);
         }
     }
-    CompileWrapper *self = (CompileWrapper *)rt_fn_alloc(st->CompileWrapperType,
-                                                         CompileWrapper_vectorcall);
+    CompileWrapper *self = PyObject_GC_New(CompileWrapper, st->CompileWrapperType);
     if (self == NULL) {
         return NULL;
     }
-    self->upstream = Py_NewRef(wrapper);
-    for (int i = 0; i < 5; i++) {
-        self->cells[i] = Py_NewRef(PyTuple_GET_ITEM(closure, cw->cell[i]));
+    /* 3.11: called by the trampoline; else called only as the weak reference's
+     * callback (tp_call) */
+    self->vectorcall = cw->trampoline != NULL ? CompileWrapper_vectorcall : NULL;
+    self->module = Py_NewRef(module);
+    self->fn = wrapper;
+    memset(&self->ctx, 0, sizeof(self->ctx));
+    if (function_call == NULL) {
+        function_call = rt_function_vectorcall(wrapper); /* a fresh function's */
     }
-    self->dict = PyObject_GenericGetDict(wrapper, NULL); /* the function's, shared */
-    if (self->dict == NULL) {
+    bound_state = st;
+    if (cw->trampoline != NULL) {
+        /* 3.11: owned by the function's code; a plain weak reference */
+        self->weakref = PyWeakref_NewRef(wrapper, NULL);
+        PyObject_GC_Track(self);
+        int rc = self->weakref != NULL ? set_trampoline(cw, wrapper, self) : -1;
         Py_DECREF(self);
-        return NULL;
+        if (rc < 0) {
+            return NULL;
+        }
+    }
+    else {
+        /* owned by fns until the function goes */
+        self->weakref = PyWeakref_NewRef(wrapper, (PyObject *)self);
+        PyObject_GC_Track(self);
+        if (self->weakref == NULL) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        if (rt_ptr_map_add(&cw->fns, wrapper, (uint64_t)(uintptr_t)self) == NULL) {
+            Py_CLEAR(self->weakref);
+            Py_DECREF(self);
+            return PyErr_NoMemory();
+        }
+        rt_function_set_vectorcall(wrapper, compile_wrapper_call);
     }
     cw->counts[RT_CW_BUILT]++;
-    return (PyObject *)self;
+    return Py_NewRef(wrapper);
 }
 
-static PyObject *
-CompileWrapper_new(PyTypeObject *Py_UNUSED(type), PyObject *Py_UNUSED(args),
-                   PyObject *Py_UNUSED(kwargs))
+/* Removes self's entry (the function's end, or the module's clear). */
+static void
+forget(CompileWrapper *self)
 {
-    PyErr_SetString(PyExc_TypeError, "CompileWrapper is made by _compile_wrapper_for()");
-    return NULL;
+    PyObject *module = self->module;
+    rt_state *st = module != NULL ? PyModule_GetState(module) : NULL;
+    rt_ptr_entry *e = st != NULL ? rt_ptr_map_find(&st->cw.fns, self->fn) : NULL;
+    if (e != NULL && e->value == (uint64_t)(uintptr_t)self) {
+        rt_ptr_map_remove(&st->cw.fns, e);
+        Py_DECREF(self); /* the table's reference */
+    }
+}
+
+/* The weak reference's callback: the function is going. */
+static PyObject *
+CompileWrapper_call(PyObject *op, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwargs))
+{
+    CompileWrapper *self = (CompileWrapper *)Py_NewRef(op);
+    Py_CLEAR(self->weakref); /* the cycle with its callback */
+    forget(self);
+    Py_DECREF(self);
+    Py_RETURN_NONE;
+}
+
+void
+rt_cw_forget_all(rt_cw_state *cw)
+{
+    while (cw->fns.used > 0) {
+        for (size_t i = 0; i < cw->fns.capacity; i++) {
+            if (cw->fns.slots[i].key != NULL) {
+                CompileWrapper *self = (CompileWrapper *)(uintptr_t)cw->fns.slots[i].value;
+                rt_ptr_map_remove(&cw->fns, &cw->fns.slots[i]);
+                Py_CLEAR(self->weakref);
+                Py_DECREF(self);
+                break; /* the removal moved entries: start over */
+            }
+        }
+    }
+    rt_ptr_map_free(&cw->fns);
+    if (bound_state != NULL && &bound_state->cw == cw) {
+        bound_state = NULL;
+    }
+}
+
+int
+rt_cw_fns_traverse(rt_cw_state *cw, visitproc visit, void *arg)
+{
+    for (size_t i = 0; i < cw->fns.capacity; i++) {
+        if (cw->fns.slots[i].key != NULL) {
+            Py_VISIT((PyObject *)(uintptr_t)cw->fns.slots[i].value);
+        }
+    }
+    return 0;
 }
 
 static int
@@ -1088,44 +1353,49 @@ CompileWrapper_traverse(CompileWrapper *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->module);
-    Py_VISIT(self->dict);
-    Py_VISIT(self->upstream);
-    for (int i = 0; i < 5; i++) {
-        Py_VISIT(self->cells[i]);
-    }
+    Py_VISIT(self->weakref);
     return rt_attr_memo_traverse(&self->ctx, visit, arg);
 }
 
 static int
 CompileWrapper_clear(CompileWrapper *self)
 {
-    Py_CLEAR(self->dict);
-    Py_CLEAR(self->upstream);
-    for (int i = 0; i < 5; i++) {
-        Py_CLEAR(self->cells[i]);
-    }
+    Py_CLEAR(self->weakref);
     rt_attr_memo_clear(&self->ctx);
     return 0;
 }
 
-DEFINE_DEALLOC(CompileWrapper, (void)0)
-FN_MEMBERS(CompileWrapper)
+static void
+CompileWrapper_dealloc(CompileWrapper *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    CompileWrapper_clear(self);
+    Py_CLEAR(self->module);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef CompileWrapper_methods[] = {
+    {"_exit", CompileWrapper_exit, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef CompileWrapper_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(CompileWrapper, vectorcall), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
 
 static PyType_Slot CompileWrapper_slots[] = {
-    {Py_tp_new, CompileWrapper_new},
+    {Py_tp_members, CompileWrapper_members},
+    {Py_tp_methods, CompileWrapper_methods},
     {Py_tp_dealloc, CompileWrapper_dealloc},
     {Py_tp_traverse, CompileWrapper_traverse},
     {Py_tp_clear, CompileWrapper_clear},
-    {Py_tp_call, PyVectorcall_Call},
-    {Py_tp_descr_get, rt_fn_descr_get},
-    {Py_tp_getattro, CompileWrapper_getattro},
-    {Py_tp_repr, CompileWrapper_repr},
-    {Py_tp_members, CompileWrapper_members},
-    {Py_tp_methods, CompileWrapper_methods},
-    {Py_tp_getset, CompileWrapper_getset},
-    {Py_tp_doc, (void *)"What Dynamo's compile_wrapper does when called (the function "
-                        "torch.compile returns), in C in the steady state; upstream's "
-                        "otherwise. Attributes it lacks are the compile_wrapper's."},
+    {Py_tp_call, CompileWrapper_call},
+    {Py_tp_doc, (void *)"What the C side keeps of one compiled function whose calls it runs "
+                        "(torch.compile's compile_wrapper, which stays upstream's function "
+                        "object); the callback of its weak reference to the function."},
     {0, NULL},
 };
 
@@ -1133,6 +1403,6 @@ PyType_Spec CompileWrapper_spec = {
     .name = "torch_aot_rt._C.CompileWrapper",
     .basicsize = sizeof(CompileWrapper),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
-             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_METHOD_DESCRIPTOR,
+             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
     .slots = CompileWrapper_slots,
 };

@@ -10,6 +10,8 @@
 #include <Python.h>
 #include <stdbool.h>
 
+#include "util/ptr_map.h"
+
 /* How each call of a CompileWrapper ran. */
 enum rt_cw_count {
     RT_CW_BUILT,        /* a compile_wrapper made a CompileWrapper */
@@ -58,6 +60,18 @@ enum rt_cw_global {
     RT_CWG_N
 };
 
+/* Where an exception leaves compile_wrapper's frame, for the traceback
+ * entry its frame stub adds (util/frame_stub.h): the call of fn, the
+ * re-raise of a compiler error, of a ShortenTraceback, and fullgraph's
+ * no-compiled-frames error. */
+enum rt_cw_frame {
+    RT_CW_FRAME_CALL,
+    RT_CW_FRAME_COMPILER_ERROR,
+    RT_CW_FRAME_SHORTEN,
+    RT_CW_FRAME_FULLGRAPH,
+    RT_CW_FRAME_N
+};
+
 typedef struct {
     PyObject *code;               /* compile_wrapper's code */
     Py_ssize_t cell[5];           /* callback, fn, is_fx_symbolic_tracing, is_jit_tracing, self */
@@ -94,6 +108,11 @@ typedef struct {
                                    * function of eval_frame.py; else NULL */
     PyObject *exc_compiler_error; /* (Unsupported, UncapturedHigherOrderOpError, UserError) */
     PyObject *exc_shorten;        /* ShortenTraceback */
+    PyObject *frames[RT_CW_FRAME_N]; /* frame stubs, NULL where none */
+    /* CPython 3.11: the code a compile_wrapper function made ours runs (a
+     * frame stub at the call of fn whose constant is its CompileWrapper) */
+    PyObject *trampoline;
+    PyObject *str_replace, *str_consts;
     /* interned attribute names */
     PyObject *str_fullgraph, *str_export, *str_error_on_graph_break, *str_isolate_id;
     PyObject *str_enter_exit_hooks, *str_tracing_context, *str_tls, *str_exporting_flag;
@@ -102,15 +121,25 @@ typedef struct {
     PyObject *str_verbose, *str_skip_reasons, *str_depth, *str_with_traceback;
     PyObject *str_remove_dynamo_frames, *str_get_eog, *str_set_eog, *str_error, *str_skip;
     Py_ssize_t counts[RT_CW_N];
+    /* the compile_wrapper functions whose calls C runs: function -> its
+     * CompileWrapper (compile_wrapper.c; the table owns a reference) */
+    rt_ptr_map fns;
 } rt_cw_state;
 
 struct rt_state;
 extern PyType_Spec CompileWrapper_spec;
 /* _C._bind_compile_wrapper(**what rt_cw_state holds) */
 PyObject *rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs);
-/* _C._compile_wrapper_for(wrapper): wrapper, or a CompileWrapper over it
- * when it is the verified compile_wrapper (counted) */
+/* _C._compile_wrapper_for(wrapper): wrapper, its calls run in C from now on
+ * where it is the verified compile_wrapper (counted) */
 PyObject *rt_compile_wrapper_for(PyObject *module, PyObject *wrapper);
+/* obj is a compile_wrapper function whose calls C runs */
+int rt_is_c_compile_wrapper(PyObject *obj);
+/* _C._is_c_compile_wrapper(obj) */
+PyObject *rt_is_c_compile_wrapper_py(PyObject *module, PyObject *obj);
+/* the table of such functions: GC support, and the module's clear */
+int rt_cw_fns_traverse(rt_cw_state *cw, visitproc visit, void *arg);
+void rt_cw_forget_all(rt_cw_state *cw);
 /* _C._compile_wrapper_stats(reset=False) */
 PyObject *rt_cw_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 int rt_cw_traverse(rt_cw_state *cw, visitproc visit, void *arg);

@@ -8,6 +8,7 @@
 #include "dynamo/dynamo.h"
 #include "fn_object.h" /* rt_counts_dict */
 #include "intern_names.h"
+#include "util/py_compat.h"
 
 #include <string.h>
 
@@ -26,7 +27,7 @@
     X(str_skip_guard) X(str_stance_global) X(str_nested_error_config)          \
     X(str_verbose) X(str_skip_reasons) X(str_depth) X(str_with_traceback)      \
     X(str_remove_dynamo_frames) X(str_get_eog) X(str_set_eog) X(fullgraph_warn)  \
-    X(str_error) X(str_skip)
+    X(str_error) X(str_skip) X(trampoline) X(str_replace) X(str_consts)
 
 int
 rt_cw_traverse(rt_cw_state *cw, visitproc visit, void *arg)
@@ -38,18 +39,25 @@ rt_cw_traverse(rt_cw_state *cw, visitproc visit, void *arg)
         Py_VISIT(cw->names[g]);
         Py_VISIT(cw->expected[g]);
     }
-    return 0;
+    for (int i = 0; i < RT_CW_FRAME_N; i++) {
+        Py_VISIT(cw->frames[i]);
+    }
+    return rt_cw_fns_traverse(cw, visit, arg);
 }
 
 void
 rt_cw_clear(rt_cw_state *cw)
 {
+    rt_cw_forget_all(cw);
 #define CLEAR(f) Py_CLEAR(cw->f);
     CW_OBJECTS(CLEAR)
 #undef CLEAR
     for (int g = 0; g < RT_CWG_N; g++) {
         Py_CLEAR(cw->names[g]);
         Py_CLEAR(cw->expected[g]);
+    }
+    for (int i = 0; i < RT_CW_FRAME_N; i++) {
+        Py_CLEAR(cw->frames[i]);
     }
     cw->globals_verified = 0;
 }
@@ -109,16 +117,16 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
         "pop_depth", "include_set", "exclude_set", "force_guard", "save_keys",
         "restore_keys", "eager_nested", "fx_flag_tls", "tag_patch_attr", "tag_patch_present",
         "compiler_errors", "shorten_traceback", "isolate_recompiles", "eog_where_differs",
-        "patcher", "fullgraph", "fullgraph_warn", NULL};
+        "patcher", "fullgraph", "fullgraph_warn", "frames", "trampoline", NULL};
     PyObject *code, *cells, *coe, *oe, *patcher, *eval_frame, *stance, *guards, *compiler, *fx;
     PyObject *jit;
     PyObject *module_cls, *tracker, *get_depth, *pop_depth, *include_set, *exclude_set;
     PyObject *force_guard, *save_keys, *restore_keys, *eager_nested, *fx_flag_tls, *errors;
-    PyObject *shorten, *tag_patch, *fullgraph_warn;
+    PyObject *shorten, *tag_patch, *fullgraph_warn, *frames, *trampoline;
     const char *patcher_name, *fullgraph_name;
     int tag_patch_present, isolate_recompiles, eog_where_differs;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "$O!O!O!O!O!O!O!O!O!O!OO!OOOOOOOOOOUpO!OppssO:_bind_compile_wrapper",
+            args, kwargs, "$O!O!O!O!O!O!O!O!O!O!OO!OOOOOOOOOOUpO!OppssOO!O:_bind_compile_wrapper",
             keywords,
             &PyCode_Type, &code, &PyTuple_Type, &cells, &PyCode_Type, &coe, &PyCode_Type, &oe,
             &PyCode_Type, &patcher,
@@ -127,7 +135,8 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
             &tracker, &get_depth, &pop_depth, &include_set, &exclude_set, &force_guard,
             &save_keys, &restore_keys, &eager_nested, &fx_flag_tls, &tag_patch,
             &tag_patch_present, &PyTuple_Type, &errors, &shorten, &isolate_recompiles,
-            &eog_where_differs, &patcher_name, &fullgraph_name, &fullgraph_warn)) {
+            &eog_where_differs, &patcher_name, &fullgraph_name, &fullgraph_warn,
+            &PyTuple_Type, &frames, &trampoline)) {
         return NULL;
     }
     static const char *const fullgraph_forms[] = {
@@ -162,9 +171,22 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
                         "or not at all; fullgraph_warn None or callable");
         return NULL;
     }
+    if (PyTuple_GET_SIZE(frames) != RT_CW_FRAME_N ||
+        (trampoline != Py_None && !PyCode_Check(trampoline)) ||
+        (RT_PY_INLINES_FUNCTION_CALLS && trampoline == Py_None)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "_bind_compile_wrapper: frames, one stub or None per exit; trampoline, "
+                        "a code object (CPython 3.11) or None");
+        return NULL;
+    }
     rt_state *st = PyModule_GetState(module);
     rt_cw_state *cw = &st->cw;
     rt_cw_clear(cw);
+    for (int i = 0; i < RT_CW_FRAME_N; i++) {
+        PyObject *stub = PyTuple_GET_ITEM(frames, i);
+        cw->frames[i] = stub != Py_None ? Py_NewRef(stub) : NULL;
+    }
+    cw->trampoline = trampoline != Py_None ? Py_NewRef(trampoline) : NULL;
     for (int i = 0; i < 5; i++) {
         cw->cell[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(cells, i));
         if (cw->cell[i] < 0) {
@@ -223,6 +245,8 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
         {offsetof(rt_cw_state, str_set_eog), "_set_error_on_graph_break"},
         {offsetof(rt_cw_state, str_error), "ERROR"},
         {offsetof(rt_cw_state, str_skip), "SKIP"},
+        {offsetof(rt_cw_state, str_replace), "replace"},
+        {offsetof(rt_cw_state, str_consts), "co_consts"},
     };
     if (rt_intern_names(cw, names, sizeof(names) / sizeof(names[0])) < 0) {
         rt_cw_clear(cw);

@@ -14,7 +14,7 @@
  *
  * then nn.Module.__call__, whose forward is the module's compile_wrapper.
  * A ModuleCall replaces the class's __call__ (a method object: called with
- * the module first). For a module whose forward is a C CompileWrapper (made
+ * the module first). For a module whose forward is a compile_wrapper whose calls C runs (made
  * with the C runtime on), with no global module hook (whose warning is
  * upstream's) and eval_frame's context manager and module.py's hook check
  * the ones bound, it sets and restores the module global in C around
@@ -24,6 +24,7 @@
  * ====================================================================== */
 #include "dynamo/dynamo.h"
 #include "fn_object.h"
+#include "util/frame_stub.h"
 
 /* module.py's six global hook dicts, in _has_any_global_hook's order */
 #define N_HOOK_DICTS 6
@@ -42,6 +43,7 @@ typedef struct {
     PyObject *set_in_module;   /* eval_frame._set_in_optimized_module, as bound */
     PyObject *has_any_hook;    /* module._has_any_global_hook, as bound */
     PyObject *hook_names[N_HOOK_DICTS];
+    PyObject *frame;           /* the frame stub at super().__call__, or NULL */
     PyObject *str_set_in_module, *str_in_module, *str_has_any_hook, *str_forward, *str_call;
 } ModuleCall;
 
@@ -49,15 +51,14 @@ typedef struct {
 static int
 takes_c(ModuleCall *self, PyObject *module)
 {
-    rt_state *st = self->st;
     /* the module's forward (in its __dict__: OptimizedModule.__init__ sets
-     * it) is a C CompileWrapper, made with the C runtime on */
+     * it) is a compile_wrapper whose calls C runs, made with the C runtime on */
     PyObject *dict = PyObject_GenericGetDict(module, NULL);
     if (dict == NULL) {
         return -1;
     }
     PyObject *forward = PyDict_GetItemWithError(dict, self->str_forward);
-    int is_c = forward != NULL && Py_IS_TYPE(forward, st->CompileWrapperType);
+    int is_c = forward != NULL && rt_is_c_compile_wrapper(forward);
     Py_DECREF(dict); /* the module keeps it */
     if (!is_c) {
         return PyErr_Occurred() ? -1 : 0;
@@ -123,17 +124,18 @@ ModuleCall_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObje
     if (rt_finally_end(&saved, ok) < 0) {
         Py_CLEAR(result);
     }
-    return result;
+    return result != NULL ? result : rt_frame_add(self->frame);
 }
 
 static PyObject *
 ModuleCall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"upstream", "module_cls", "eval_frame", "nn_module", NULL};
-    PyObject *upstream, *module_cls, *eval_frame, *nn_module;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OO!O!O!:ModuleCall", keywords, &upstream,
+    static char *keywords[] = {"upstream", "module_cls", "eval_frame", "nn_module", "frame",
+                               NULL};
+    PyObject *upstream, *module_cls, *eval_frame, *nn_module, *frame;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OO!O!O!O:ModuleCall", keywords, &upstream,
                                      &PyType_Type, &module_cls, &PyModule_Type, &eval_frame,
-                                     &PyModule_Type, &nn_module)) {
+                                     &PyModule_Type, &nn_module, &frame)) {
         return NULL;
     }
     ModuleCall *self = (ModuleCall *)rt_fn_alloc(type, ModuleCall_vectorcall);
@@ -141,6 +143,7 @@ ModuleCall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     self->upstream = Py_NewRef(upstream);
+    self->frame = frame != Py_None ? Py_NewRef(frame) : NULL;
     self->module_cls = Py_NewRef(module_cls);
     self->eval_globals = Py_NewRef(PyModule_GetDict(eval_frame));
     self->nn_globals = Py_NewRef(PyModule_GetDict(nn_module));
@@ -185,6 +188,7 @@ ModuleCall_traverse(ModuleCall *self, visitproc visit, void *arg)
     Py_VISIT(self->module);
     Py_VISIT(self->dict);
     Py_VISIT(self->upstream);
+    Py_VISIT(self->frame);
     Py_VISIT(self->module_cls);
     Py_VISIT(self->eval_globals);
     Py_VISIT(self->nn_globals);
@@ -198,6 +202,7 @@ ModuleCall_clear(ModuleCall *self)
 {
     Py_CLEAR(self->dict);
     Py_CLEAR(self->upstream);
+    Py_CLEAR(self->frame);
     Py_CLEAR(self->module_cls);
     Py_CLEAR(self->eval_globals);
     Py_CLEAR(self->nn_globals);
@@ -217,6 +222,6 @@ ModuleCall_clear(ModuleCall *self)
 DEFINE_DEALLOC(ModuleCall, (void)0)
 FN_MEMBERS(ModuleCall)
 FN_SPEC(ModuleCall,
-        "ModuleCall(*, upstream, module_cls, eval_frame, nn_module): what "
+        "ModuleCall(*, upstream, module_cls, eval_frame, nn_module, frame): what "
         "OptimizedModule.__call__, `upstream`, does, in C for a module whose forward is "
-        "a C CompileWrapper and no global module hook is registered; upstream's otherwise.")
+        "a compile_wrapper whose calls C runs and no global module hook is registered; upstream's otherwise.")

@@ -44,6 +44,7 @@
  * ====================================================================== */
 #include "fn_object.h"
 #include "inductor/inductor.h"
+#include "util/py_compat.h"
 
 typedef struct {
     RT_FN_HEAD
@@ -65,7 +66,7 @@ static int
 graph_marked(rt_state *st, PyObject *graph)
 {
     /* the weak reference found last (a model's calls run the same graphs) */
-    if (st->graph_call_last != NULL && PyWeakref_GET_OBJECT(st->graph_call_last) == graph) {
+    if (st->graph_call_last != NULL && rt_weakref_is(st->graph_call_last, graph)) {
         return 1;
     }
     PyObject *key = PyLong_FromVoidPtr(graph);
@@ -77,7 +78,7 @@ graph_marked(rt_state *st, PyObject *graph)
     if (ref == NULL) {
         return PyErr_Occurred() ? -1 : 0;
     }
-    if (PyWeakref_GET_OBJECT(ref) != graph) {
+    if (!rt_weakref_is(ref, graph)) {
         return 0;
     }
     Py_XSETREF(st->graph_call_last, Py_NewRef(ref));

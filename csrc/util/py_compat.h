@@ -134,4 +134,73 @@ rt_set_handled(PyObject *exc)
 #define RT_PY_MODULE_STANCE_SLOTS
 #endif
 
+/* The raised exception, taken (a new reference, normalized, its
+ * __traceback__ set), or NULL with none. 3.12: PyErr_GetRaisedException;
+ * before, PyErr_Fetch and PyErr_NormalizeException. */
+static inline PyObject *
+rt_take_exception(void)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (type == NULL) {
+        return NULL;
+    }
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL) {
+        PyException_SetTraceback(value, tb);
+        Py_DECREF(tb);
+    }
+    Py_DECREF(type);
+    return value;
+#endif
+}
+
+/* Raises exc (stolen) as it is: its __traceback__ goes on, no context is
+ * set (PyErr_SetObject would chain the exception being handled).
+ * 3.12: PyErr_SetRaisedException; before, PyErr_Restore. */
+static inline void
+rt_raise_as_is(PyObject *exc)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, PyException_GetTraceback(exc));
+#endif
+}
+
+/* 3.11 runs a Python function's frame in the caller's interpreter loop
+ * without its vectorcall (the field is honoured from 3.12, and by 3.10's
+ * loop): a function whose calls C runs gets code that calls C instead. */
+#define RT_PY_INLINES_FUNCTION_CALLS (PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000)
+
+/* wr's referent is obj, a live object (under the GIL: the field is the
+ * referent, or None once it is dead). 3.15 removes PyWeakref_GET_OBJECT;
+ * the field, read for identity only, is there on every version. */
+static inline int
+rt_weakref_is(PyObject *wr, PyObject *obj)
+{
+    return ((PyWeakReference *)wr)->wr_object == obj;
+}
+
+/* wr's referent, a new reference, or NULL where it is dead (no exception).
+ * 3.13: PyWeakref_GetRef; before, PyWeakref_GetObject (removed in 3.15). */
+static inline PyObject *
+rt_weakref_get(PyObject *wr)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *obj;
+    if (PyWeakref_GetRef(wr, &obj) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return obj;
+#else
+    PyObject *obj = PyWeakref_GetObject(wr);
+    return obj == NULL || obj == Py_None ? (PyErr_Clear(), NULL) : Py_NewRef(obj);
+#endif
+}
+
 #endif
