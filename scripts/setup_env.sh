@@ -1,12 +1,12 @@
 # shellcheck shell=bash
 # Shared set-up, sourced by scripts/test.sh and scripts/demo.sh (not meant to be run alone).
 #
-# Defines TORCH_RELEASES (the torch releases CI tests, one virtual environment each),
-# CANARY_RELEASES (torch releases no entry of torch_aot_rt/_versions.py covers, on
-# which the package must change nothing), `is_canary VERSION`, `torch_env VERSION`
-# (sets VENV and PY for that release, creates nothing) and `setup_torch_env VERSION`,
-# which on a fresh machine creates .venv-X.Y, installs torch==VERSION and the test
-# tools into it and builds the C extension there. When the venv is already set up it
+# Defines ENVIRONMENTS (the (torch release, CPython) pairs the suite runs in, each
+# with its configurations), `torch_env TORCH PYTHON` (sets VENV and PY for that
+# environment, creates nothing) and `setup_torch_env TORCH PYTHON [CANARY]`, which on
+# a fresh machine finds (or provisions: scripts/provision_python.sh) that CPython,
+# creates .venv-X.Y-pyM.N with it, installs torch==TORCH and the test tools into it
+# and builds the C extension there. When the venv is already set up it
 # only rebuilds the extension (about 80 s with the C++ part on 2 cores, a few seconds
 # for the C core alone), so csrc/ changes are always picked up.
 #
@@ -15,7 +15,8 @@
 # runtime preloaded when TORCH_AOT_RT_SANITIZE=1.
 #
 # Environment knobs:
-#   PYTHON=python3.11        interpreter used to create the venvs (default: python3)
+#   TORCH_AOT_RT_PYTHON_3_12=/path/to/python3.12   the interpreter of a minor version
+#                            (scripts/provision_python.sh; likewise for the others)
 #   TORCH_AOT_RT_DEBUG=1     -O0 -g build with asserts         (read by setup.py)
 #   TORCH_AOT_RT_SANITIZE=1  ASan/UBSan build                  (read by setup.py)
 #
@@ -34,17 +35,29 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-# The releases the suite runs on, and the canaries (releases no entry covers: the
-# suite checks that the package changes nothing there); keep both in step with
-# torch_aot_rt/_versions.py.
+# The environments the suite runs in, one virtual environment each
+# (.venv-<torch X.Y>-py<M.N>), in the order they are set up: "TORCH PYTHON
+# CONFIGURATION...", each configuration one run of the suite there: cpp (with
+# the C++ part), c-core (the C core alone, TORCH_AOT_RT_CPP=0), canary (a torch
+# release no entry of torch_aot_rt/_versions.py covers: installed and run as a
+# user would, the suite checking that the package changes nothing). Every
+# (torch, CPython) pair the gate verifies (Release.pythons) is covered:
+# tests/test_workflows.py checks that each CPython runs with the newest torch
+# it is verified with, and each torch release with CPython 3.11.
 # shellcheck disable=SC2034  # read by the scripts that source this file
-TORCH_RELEASES=(2.13.0 2.14.1 2.15.0 2.12.1 2.11.0)
-CANARY_RELEASES=(2.10.0)
-# The releases whose headers the C++ part is built against (torch_aot_rt/_cpp.py
-# CPP_SERIES); on the other verified releases it is not built, and the suite's two
-# configurations would be the same run: it runs once there.
-# shellcheck disable=SC2034  # read by the scripts that source this file
-CPP_RELEASES=(2.13.0 2.14.1 2.15.0 2.12.1 2.11.0)
+ENVIRONMENTS=(
+    "2.13.0 3.11 cpp c-core"
+    "2.14.1 3.11 cpp"
+    "2.15.0 3.11 cpp c-core"
+    "2.15.0 3.12 cpp"
+    "2.12.1 3.11 cpp"
+    "2.15.0 3.13 cpp"
+    "2.11.0 3.11 cpp"
+    "2.15.0 3.14 cpp"
+    "2.14.1 3.10 cpp"
+    "2.15.0 3.15 cpp"
+    "2.10.0 3.11 canary"
+)
 
 _log() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -58,15 +71,45 @@ _in_list() {
     return 1
 }
 
-has_cpp_part() { _in_list "$1" "${CPP_RELEASES[@]}"; }
+# every_verified_pair: one ENVIRONMENTS-style entry ("TORCH PYTHON cpp") per (torch
+# release, CPython) pair the gate verifies (torch_aot_rt/_versions.py, read by path:
+# importing the package would install it), each release at ENVIRONMENTS' version of
+# it. What `TORCH_AOT_RT_PAIRS=all bash scripts/test.sh` runs: every pair, not only
+# those CI keeps covering.
+every_verified_pair() {
+    python3 - "${ENVIRONMENTS[@]}" <<'EOF'
+import importlib.util
+import sys
 
-is_canary() { _in_list "$1" "${CANARY_RELEASES[@]}"; }
+spec = importlib.util.spec_from_file_location("_rt_versions", "torch_aot_rt/_versions.py")
+versions = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = versions
+spec.loader.exec_module(versions)
+exact = {".".join(e.split()[0].split(".")[:2]): e.split()[0]
+         for e in sys.argv[1:] if "canary" not in e.split()}
+for release in versions.VERIFIED:
+    for python in release.pythons:
+        print(f"{exact[release.name]} {versions.python_name(python)} cpp")
+EOF
+}
 
-# VENV and PY for a release (X.Y.Z -> .venv-X.Y); creates nothing.
+# env_torch / env_python / env_configs ENTRY: the fields of an ENVIRONMENTS entry.
+env_torch() { local -a f; read -ra f <<<"$1"; echo "${f[0]}"; }
+env_python() { local -a f; read -ra f <<<"$1"; echo "${f[1]}"; }
+env_configs() { local -a f; read -ra f <<<"$1"; echo "${f[@]:2}"; }
+
+# env_name TORCH PYTHON: the environment's name, as in its venv (2.15-py3.12).
+env_name() { echo "${1%.*}-py$2"; }
+
+# VENV and PY for an environment (TORCH PYTHON: .venv-X.Y-pyM.N); creates nothing.
 torch_env() {
-    VENV="$ROOT/.venv-${1%.*}"
+    VENV="$ROOT/.venv-$(env_name "$1" "$2")"
     PY="$VENV/bin/python"
 }
+
+# python_for MINOR: an interpreter of that CPython minor version, found or
+# provisioned by scripts/provision_python.sh (which says why on failure).
+python_for() { bash "$ROOT/scripts/provision_python.sh" "$1"; }
 
 # pip install ARGS into $PY's venv, the constraints cap lifted, retried: pip retries
 # a failed connection itself (--retries, --timeout for a stalled read); a download
@@ -106,15 +149,19 @@ _require_free_space() {
     fi
 }
 
+# setup_torch_env TORCH PYTHON [CANARY]: the environment's venv, set up (CANARY
+# non-empty: the package is built as a user would, whatever TORCH_AOT_RT_CPP says).
 setup_torch_env() {
-    local version="$1"
-    torch_env "$version"
+    local version="$1" python="$2" canary="${3:-}"
+    torch_env "$version" "$python"
     TORCH_SPEC="torch==$version"
 
-    # 1. virtual environment
+    # 1. virtual environment, with that CPython
     if [ ! -x "$PY" ]; then
-        _log "creating $VENV with ${PYTHON:-python3}"
-        "${PYTHON:-python3}" -m venv "$VENV"
+        local interpreter
+        interpreter="$(python_for "$python")"
+        _log "creating $VENV with $interpreter"
+        "$interpreter" -m venv "$VENV"
     fi
 
     # 2. dependencies, skipped when already satisfied (checked locally: no pip, no network).
@@ -165,9 +212,10 @@ EOF
     # 3. the extension: always rebuilt (setuptools builds editable wheels in a fresh temp dir).
     #    A canary is built as a user would install it: setup.py itself skips the C++
     #    part on a torch whose headers it does not support (2.10's) and records why;
-    #    the install must succeed.
+    #    the install must succeed. Otherwise the C++ part is built unless
+    #    TORCH_AOT_RT_CPP=0 (the suite's c-core runs switch it off at run time).
     local cpp="${TORCH_AOT_RT_CPP:-}"
-    if is_canary "$version"; then cpp=""; fi
+    if [ -n "$canary" ]; then cpp=""; fi
     local -a build=("$PY" -m pip install --disable-pip-version-check -q --no-build-isolation --no-deps -e .)
     if [ -n "$cpp" ]; then build=(env TORCH_AOT_RT_CPP="$cpp" "${build[@]}"); fi
     _log "building torch_aot_rt against $("$PY" -c 'import torch; print(torch.__version__)')" \

@@ -1,35 +1,37 @@
 #!/usr/bin/env bash
-# Set up and run the test suite on every torch release in TORCH_RELEASES and on every
-# canary in CANARY_RELEASES (scripts/setup_env.sh), each in its own venv (.venv-2.13,
-# .venv-2.14, ...), each with a fresh build of the C extension.
-#   bash scripts/test.sh                          # everything, every release and canary
+# Set up and run the test suite in every environment of ENVIRONMENTS
+# (scripts/setup_env.sh): a (torch release, CPython) pair, each in its own venv
+# (.venv-2.15-py3.12, ...), each with a fresh build of the C extension.
+#   bash scripts/test.sh                          # everything
 #   bash scripts/test.sh -k mutation -x           # extra arguments go to pytest (every run)
 #   bash scripts/test.sh tests/test_cpp.py -x      # test paths (tests/...) replace the default tests/
-#   TORCH_AOT_RT_TORCH=2.14.1 bash scripts/test.sh  # one release (or canary) only
-# On each release the suite runs twice: with the C++ part (csrc/cpp/, built for that
-# torch) and with the C core alone (TORCH_AOT_RT_CPP=0); the tests marked
-# cpp_independent (subprocess checks of the gate, build, loader and switches) run in
-# the first only. Setting TORCH_AOT_RT_CPP
-# (1 or 0) runs only that configuration. On a canary (a torch release no entry of
-# torch_aot_rt/_versions.py covers) the suite runs once, with the C core alone (the
-# C++ part is not built there, whatever TORCH_AOT_RT_CPP says), TORCH_AOT_RT_CANARY=1
-# and `--require-marker canary`: the tests that check that the package changes
-# nothing there must run, none of them skipped.
+#   TORCH_AOT_RT_TORCH=2.14.1 bash scripts/test.sh  # the environments of one torch release
+#   TORCH_AOT_RT_PYTHON=3.12 bash scripts/test.sh   # the environments of one CPython
+# Each environment lists its configurations, each one run of the suite: cpp (with the
+# C++ part, csrc/cpp/, built for that torch), c-core (the C core alone,
+# TORCH_AOT_RT_CPP=0), canary (a torch release no entry of torch_aot_rt/_versions.py
+# covers, installed and run as a user would, with TORCH_AOT_RT_CANARY=1 and
+# `--require-marker canary`: the tests that check that the package changes nothing
+# there must run, none of them skipped). Where an environment runs both cpp and
+# c-core, the tests marked cpp_independent (subprocess checks of the gate, build,
+# loader and switches) run in the first only. Setting TORCH_AOT_RT_CPP (1 or 0) runs
+# only that configuration (a canary runs as it is).
 #
-# Side by side: without TORCH_AOT_RT_TORCH, a set-up lane prepares the venvs one
-# after the other, in the order below (downloads, installs, builds), while
+# Side by side: without a selection, a set-up lane prepares the venvs one after the
+# other, in ENVIRONMENTS' order (interpreters, downloads, installs, builds), while
 # TORCH_AOT_RT_LANES test lanes (default 2, one per core) take the runs from a queue
-# in the same order, each run starting once its release is set up: set-ups overlap
-# tests, and both cores run tests until the queue is empty. Each step's output goes
-# to a log file, printed whole when the step ends, each line prefixed by a word
-# naming the step (2.13.0/cpp:, 2.13.0/c-core:, 2.10.0/canary:, 2.15.0/setup:).
-# TORCH_AOT_RT_LANES=1, or TORCH_AOT_RT_TORCH, runs in the foreground, one after the
-# other, the output as it comes.
+# in the same order, each run starting once its environment is set up: set-ups
+# overlap tests, and both cores run tests until the queue is empty. Each step's
+# output goes to a log file, printed whole when the step ends, each line prefixed by
+# a word naming the step (2.13-py3.11/cpp:, 2.13-py3.11/c-core:, 2.10-py3.11/canary:,
+# 2.15-py3.12/setup:). TORCH_AOT_RT_LANES=1, or a selection of one environment, runs
+# in the foreground, one after the other, the output as it comes.
 #
-# Exit status: 0 when every run passed, else the first failing status (in release
-# order). A run that executes no test is a failure (exit 5), including "nothing
-# collected" and "everything skipped/deselected"; so is a release whose set-up
-# failed (its runs are not started). The summary at the end lists every run.
+# Exit status: 0 when every run passed, else the first failing status (in
+# ENVIRONMENTS' order). A run that executes no test is a failure (exit 5), including
+# "nothing collected" and "everything skipped/deselected"; so is an environment whose
+# set-up failed (its runs are not started). The summary at the end lists every run,
+# with its time.
 set -euo pipefail
 # shellcheck source=scripts/setup_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
@@ -39,58 +41,86 @@ if [ ! -d tests ]; then
     exit 5
 fi
 
-# The order of set-ups and runs: 2.13.0 first (from nothing, about 2 min: 30 s of
-# install from local files, then 80 s of build), so tests start early; 2.14.1 (local
-# files, about 2.5 min), 2.15.0 (a download, about 2.5 to 4 min), 2.12.1 and 2.11.0
-# (downloads, about 3 min each), then the canary
-# (a download, about 3 min, the C core alone builds in seconds), whose
-# set-up ends long before its run starts. Measured on 2 cores: a run of the suite
-# takes about 4.5 min on a release, a canary run well under a minute.
-if [ -n "${TORCH_AOT_RT_TORCH:-}" ]; then
-    releases=("$TORCH_AOT_RT_TORCH")
+# The environments selected: all, or those of TORCH_AOT_RT_TORCH and/or
+# TORCH_AOT_RT_PYTHON. Measured on 2 cores: a run of the suite takes about 5 to 8
+# minutes beside another; a set-up from nothing 1 to 4 minutes (2.13.0 and 3.11's
+# 2.14.1 install from local files; the others download a CUDA build of torch).
+# TORCH_AOT_RT_PAIRS=all: every pair the gate verifies instead (scripts/setup_env.sh
+# every_verified_pair), each with the C++ part; with TORCH_AOT_RT_DROP_VENVS=1 each
+# venv not among ENVIRONMENTS' is removed after its run, and the set-ups wait for the
+# runs (at most two venvs ahead), so that the disk holds a few at a time.
+if [ "${TORCH_AOT_RT_PAIRS:-}" = all ]; then
+    mapfile -t selection < <(every_verified_pair)
 else
-    releases=("${TORCH_RELEASES[@]}" "${CANARY_RELEASES[@]}")
+    selection=("${ENVIRONMENTS[@]}")
 fi
-
-# configs_of VERSION: the TORCH_AOT_RT_CPP values it runs with.
-# A canary has one: as a user runs it (no TORCH_AOT_RT_CPP; setup.py skips the
-# C++ part there, see scripts/setup_env.sh), whatever TORCH_AOT_RT_CPP says. So
-# has a verified release the C++ part is not built for (not in CPP_RELEASES):
-# both configurations would run the C core alone.
-configs_of() {
-    if is_canary "$1" || ! has_cpp_part "$1"; then
-        echo 1
-    elif [ -n "${TORCH_AOT_RT_CPP:-}" ]; then
-        echo "$TORCH_AOT_RT_CPP"
-    else
-        echo 1 0
+kept_venv() { # TORCH PYTHON: whether ENVIRONMENTS has this venv
+    local e
+    for e in "${ENVIRONMENTS[@]}"; do
+        if [ "$(env_torch "$e")" = "$1" ] && [ "$(env_python "$e")" = "$2" ]; then return 0; fi
+    done
+    return 1
+}
+drop_venv() { # ENTRY: with TORCH_AOT_RT_DROP_VENVS=1, its venv unless ENVIRONMENTS keeps it
+    local torch python
+    torch="$(env_torch "$1")" python="$(env_python "$1")"
+    if [ "${TORCH_AOT_RT_DROP_VENVS:-}" = 1 ] && ! kept_venv "$torch" "$python"; then
+        torch_env "$torch" "$python"
+        rm -rf "$VENV"
     fi
 }
+envs=()
+for entry in "${selection[@]}"; do
+    if [ -n "${TORCH_AOT_RT_TORCH:-}" ] && [ "$(env_torch "$entry")" != "$TORCH_AOT_RT_TORCH" ]; then
+        continue
+    fi
+    if [ -n "${TORCH_AOT_RT_PYTHON:-}" ] && [ "$(env_python "$entry")" != "$TORCH_AOT_RT_PYTHON" ]; then
+        continue
+    fi
+    envs+=("$entry")
+done
+if [ "${#envs[@]}" -eq 0 ]; then
+    echo "test.sh: no environment of scripts/setup_env.sh has torch ${TORCH_AOT_RT_TORCH:-any}" \
+        "and CPython ${TORCH_AOT_RT_PYTHON:-any}" >&2
+    exit 2
+fi
 
-label_of() { # VERSION CPP
+is_canary_env() { [[ " $(env_configs "$1") " == *" canary "* ]]; }
+
+# configs_of ENTRY: the configurations it runs (TORCH_AOT_RT_CPP picks one of cpp and
+# c-core; a canary runs as it is).
+configs_of() {
+    if is_canary_env "$1"; then echo canary
+    elif [ "${TORCH_AOT_RT_CPP:-}" = "1" ]; then echo cpp
+    elif [ "${TORCH_AOT_RT_CPP:-}" = "0" ]; then echo c-core
+    else env_configs "$1"; fi
+}
+
+label_of() { # ENTRY CONFIG
     local what
-    if [ "$2" = "0" ]; then what="C core alone (TORCH_AOT_RT_CPP=0)"
-    elif ! has_cpp_part "$1"; then what="C core (the C++ part is not built for it)"
-    else what="with the C++ part"; fi
-    if is_canary "$1"; then echo "torch $1, canary (installed and run as a user would)"
-    else echo "torch $1, $what"; fi
+    case "$2" in
+        cpp) what="with the C++ part" ;;
+        c-core) what="C core alone (TORCH_AOT_RT_CPP=0)" ;;
+        canary) what="canary (installed and run as a user would)" ;;
+        setup) what="set-up" ;;
+    esac
+    echo "torch $(env_torch "$1") on CPython $(env_python "$1"), $what"
 }
 
-# tag_of VERSION CPP: the one-word prefix of a lane's lines (pytest's closing line
+# tag_of ENTRY CONFIG: the one-word prefix of a lane's lines (pytest's closing line
 # stays "WORD: N passed, ...").
-tag_of() {
-    if [ "$2" = "setup" ]; then echo "$1/setup:"
-    elif is_canary "$1"; then echo "$1/canary:"
-    elif [ "$2" = "0" ] || ! has_cpp_part "$1"; then echo "$1/c-core:"
-    else echo "$1/cpp:"; fi
+tag_of() { echo "$(env_name "$(env_torch "$1")" "$(env_python "$1")")/$2:"; }
+
+setup_entry() { # ENTRY
+    setup_torch_env "$(env_torch "$1")" "$(env_python "$1")" "$(is_canary_env "$1" && echo 1)"
 }
 
-# run_config VERSION CPP PYTEST_ARGS...: one run of the suite, in that release's venv.
+# run_config ENTRY CONFIG PYTEST_ARGS...: one run of the suite, in that environment's venv.
 run_config() {
-    local version="$1" cpp="$2" rc=0
+    local entry="$1" config="$2" rc=0
     shift 2
     local -a canary_args=() where=(tests) arg
-    if is_canary "$version"; then canary_args=(--require-marker canary); fi
+    if [ "$config" = canary ]; then canary_args=(--require-marker canary); fi
     # Test files or node ids among the arguments replace the default `tests`
     # (pytest would otherwise collect both: the whole suite and the file).
     for arg in "$@"; do
@@ -98,25 +128,26 @@ run_config() {
             tests/*) where=() ;;
         esac
     done
-    # The C-core-alone run of a release that also runs with the C++ part
-    # deselects the tests marked cpp_independent (tests/conftest.py): the gate,
-    # the build, the loader and the switches, each checked in subprocesses that
-    # do not depend on the C++ part, run once per release, in that run. (Asked
-    # before TORCH_AOT_RT_CPP is exported below, which configs_of reads.)
+    # The C-core-alone run of an environment that also runs with the C++ part
+    # deselects the tests marked cpp_independent (tests/conftest.py): the gate, the
+    # build, the loader and the switches, each checked in subprocesses that do not
+    # depend on the C++ part, run once per environment, in that run.
     local once=""
-    if [ "$cpp" = "0" ] && [ "$(configs_of "$version")" = "1 0" ]; then once=1; fi
+    if [ "$config" = c-core ] && [[ " $(configs_of "$entry") " == *" cpp "* ]]; then once=1; fi
     (
-        torch_env "$version"
+        torch_env "$(env_torch "$entry")" "$(env_python "$entry")"
         # TORCH_AOT_RT_CANARY=1 tells the suite it must find an unverified torch.
-        if is_canary "$version"; then export TORCH_AOT_RT_CANARY=1; fi
+        if [ "$config" = canary ]; then export TORCH_AOT_RT_CANARY=1; fi
+        local cpp=1
+        if [ "$config" = c-core ]; then cpp=0; fi
         export TORCH_AOT_RT_CPP="$cpp" PYTHONPATH="$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}"
         if [ -n "$once" ]; then export TORCH_AOT_RT_ONCE_PER_RELEASE=1; fi
         run_py -m pytest -p pytest_require_tests "${where[@]}" -q "${canary_args[@]}" "$@" </dev/null
     ) || rc=$?
-    if [ "$rc" -eq 5 ] && is_canary "$version"; then
-        echo "test.sh: pytest ran no tests, or no test marked canary ($(label_of "$version" "$cpp"), exit 5): counted as a failure" >&2
+    if [ "$rc" -eq 5 ] && [ "$config" = canary ]; then
+        echo "test.sh: pytest ran no tests, or no test marked canary ($(label_of "$entry" "$config"), exit 5): counted as a failure" >&2
     elif [ "$rc" -eq 5 ]; then
-        echo "test.sh: pytest ran no tests ($(label_of "$version" "$cpp"), exit 5): counted as a failure" >&2
+        echo "test.sh: pytest ran no tests ($(label_of "$entry" "$config"), exit 5): counted as a failure" >&2
     fi
     return "$rc"
 }
@@ -126,18 +157,19 @@ if ! [[ "$lanes" =~ ^[0-9]+$ ]]; then
     echo "test.sh: TORCH_AOT_RT_LANES=$lanes: not a number" >&2
     exit 2
 fi
-if [ -n "${TORCH_AOT_RT_TORCH:-}" ] || [ "$lanes" -le 1 ] || [ "${#releases[@]}" -le 1 ]; then
-    # ---- in the foreground, one release after the other ----------------------------
+if [ "$lanes" -le 1 ] || [ "${#envs[@]}" -le 1 ]; then
+    # ---- in the foreground, one environment after the other ------------------------
     status=0
     summary=()
-    for version in "${releases[@]}"; do
-        setup_torch_env "$version"
-        for cpp in $(configs_of "$version"); do
-            label="$(label_of "$version" "$cpp")"
+    for entry in "${envs[@]}"; do
+        setup_entry "$entry"
+        for config in $(configs_of "$entry"); do
+            label="$(label_of "$entry" "$config")"
             echo "=== $label ($VENV) ===" >&2
             rc=0
-            run_config "$version" "$cpp" "$@" || rc=$?
-            summary+=("$label: exit $rc")
+            t0=$SECONDS
+            run_config "$entry" "$config" "$@" || rc=$?
+            summary+=("$label: exit $rc ($((SECONDS - t0)) s)")
             if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then
                 status=$rc
             fi
@@ -190,9 +222,9 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # next_run: the queue's next index into runs[], or nothing when it is empty.
-runs=() # "IDX CPP": a release (its index in releases[]) and a configuration
-for idx in "${!releases[@]}"; do
-    for cpp in $(configs_of "${releases[$idx]}"); do runs+=("$idx $cpp"); done
+runs=() # "IDX CONFIG": an environment (its index in envs[]) and a configuration
+for idx in "${!envs[@]}"; do
+    for config in $(configs_of "${envs[$idx]}"); do runs+=("$idx $config"); done
 done
 next_run() {
     (
@@ -215,23 +247,31 @@ show() { (flock 9; sed "s|^|$1 |" "$2"; : >"$2.shown") 9>>"$WORK/out.lock"; }
 
 seconds_since() { echo $(($(date +%s) - $1)); }
 
-# setup_lane: every release's set-up, in order. Each writes $WORK/setup-IDX
-# ("EXIT SECONDS") when it ends: the runs of that release wait for it.
+# setup_lane: every environment's set-up, in order. Each writes $WORK/setup-IDX
+# ("EXIT SECONDS") when it ends: the runs of that environment wait for it.
 setup_lane() {
-    local idx version rc t0 log
+    local idx entry rc t0 log label
     set +m # what the lane starts stays in its process group
-    for idx in "${!releases[@]}"; do
-        version="${releases[$idx]}"
+    for idx in "${!envs[@]}"; do
+        entry="${envs[$idx]}"
+        label="$(label_of "$entry" setup)"
+        if [ "${TORCH_AOT_RT_DROP_VENVS:-}" = 1 ]; then
+            # at most two environments set up and not yet tested
+            while [ "$(find "$WORK" -maxdepth 1 -name 'setup-*' | wc -l)" -ge \
+                    $(($(find "$WORK" -maxdepth 1 -name 'result-*' | wc -l) + 2)) ]; do
+                sleep 5
+            done
+        fi
         log="$WORK/log-$idx-setup"
-        start_log "$log" "$(tag_of "$version" setup)" "the set-up of torch $version"
-        say "torch $version: set-up started"
+        start_log "$log" "$(tag_of "$entry" setup)" "$label"
+        say "$label: started"
         t0="$(date +%s)"
         rc=0
         # in a background subshell: set -e stays in force inside it
-        (setup_torch_env "$version") >"$log" 2>&1 </dev/null &
+        (setup_entry "$entry") >"$log" 2>&1 </dev/null &
         wait $! || rc=$?
-        show "$(tag_of "$version" setup)" "$log"
-        say "torch $version: set-up exit $rc ($(seconds_since "$t0") s)"
+        show "$(tag_of "$entry" setup)" "$log"
+        say "$label: exit $rc ($(seconds_since "$t0") s)"
         echo "$rc $(seconds_since "$t0")" >"$WORK/setup-$idx.tmp"
         mv "$WORK/setup-$idx.tmp" "$WORK/setup-$idx"
     done
@@ -240,13 +280,13 @@ setup_lane() {
 # test_lane LANE PYTEST_ARGS...: runs from the queue until it is empty, each once its
 # release is set up. Results in $WORK/result-IDX-CPP ("EXIT SECONDS [setup]").
 test_lane() {
-    local lane="$1" n idx cpp version label rc secs t0 log
+    local lane="$1" n idx cpp entry label rc secs t0 log
     shift
     set +m
     while n="$(next_run)" && [ -n "$n" ]; do
         read -r idx cpp <<<"${runs[$n]}"
-        version="${releases[$idx]}"
-        label="$(label_of "$version" "$cpp")"
+        entry="${envs[$idx]}"
+        label="$(label_of "$entry" "$cpp")"
         while [ ! -f "$WORK/setup-$idx" ] && kill -0 "$setup_pid" 2>/dev/null; do sleep 1; done
         if [ ! -f "$WORK/setup-$idx" ]; then
             continue # the set-up lane ended without it: the summary says so
@@ -257,13 +297,14 @@ test_lane() {
             continue
         fi
         log="$WORK/log-$idx-$cpp"
-        start_log "$log" "$(tag_of "$version" "$cpp")" "$label"
+        start_log "$log" "$(tag_of "$entry" "$cpp")" "$label"
         say "$label: started (lane $lane)"
         t0="$(date +%s)"
         rc=0
-        run_config "$version" "$cpp" "$@" >"$log" 2>&1 || rc=$?
+        run_config "$entry" "$cpp" "$@" >"$log" 2>&1 || rc=$?
+        drop_venv "$entry"
         echo "$rc $(seconds_since "$t0")" >"$WORK/result-$idx-$cpp"
-        show "$(tag_of "$version" "$cpp")" "$log"
+        show "$(tag_of "$entry" "$cpp")" "$log"
         say "$label: exit $rc ($(seconds_since "$t0") s, lane $lane)"
     done
 }
@@ -288,14 +329,14 @@ lane_pids=()
 status=0
 summary=()
 times=()
-for idx in "${!releases[@]}"; do
-    version="${releases[$idx]}"
+for idx in "${!envs[@]}"; do
+    entry="${envs[$idx]}"
     if [ -f "$WORK/setup-$idx" ]; then
         read -r rc secs <"$WORK/setup-$idx"
-        times+=("set-up of torch $version: exit $rc, ${secs} s")
+        times+=("$(label_of "$entry" setup): exit $rc, ${secs} s")
     fi
-    for cpp in $(configs_of "$version"); do
-        label="$(label_of "$version" "$cpp")"
+    for cpp in $(configs_of "$entry"); do
+        label="$(label_of "$entry" "$cpp")"
         rc=1 secs=0 why=""
         if [ -f "$WORK/result-$idx-$cpp" ]; then
             read -r rc secs why <"$WORK/result-$idx-$cpp"

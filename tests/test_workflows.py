@@ -2,10 +2,13 @@
 
 They cannot run here; scripts/lint_workflows.sh lints them (schema and
 zizmor). This pins, in the suite, that there is one way to test: every job's
-test step runs `bash .ci/run`, with the torch release it names, and the CUDA
-job requires CUDA; and that the jobs cover scripts/setup_env.sh's releases:
-the CPU job its TORCH_RELEASES and CANARY_RELEASES, the CUDA job its
-TORCH_RELEASES.
+test step runs `bash .ci/run`, with the torch release and CPython it names,
+and the CUDA job requires CUDA; that the jobs cover scripts/setup_env.sh's
+ENVIRONMENTS (the CPU job each of them, the CUDA job each torch release on
+CPython 3.11); and that ENVIRONMENTS covers what the gate verifies
+(torch_aot_rt/_versions.py): each CPython with the newest torch release it
+is verified with, each torch release with CPython 3.11, nothing else but
+canaries, which no entry verifies.
 """
 
 from __future__ import annotations
@@ -29,19 +32,23 @@ def _workflow_jobs() -> dict[str, str]:
         return _jobs(f.read())
 
 
-def _matrix_torch(job: str) -> list[str]:
-    """The job's `torch: [...]` matrix entry."""
-    m = re.search(r"^\s+torch: \[(.*)\]$", job, flags=re.M)
-    assert m is not None, job
+def _matrix(job: str, key: str) -> list[str]:
+    """The job's `<key>: [...]` matrix entry."""
+    m = re.search(rf"^\s+{key}: \[(.*)\]$", job, flags=re.M)
+    assert m is not None, (key, job)
     return [r.strip(' "') for r in m.group(1).split(",")]
 
 
-def _setup_env_list(name: str) -> list[str]:
-    """A bash array of scripts/setup_env.sh: NAME=(a b c)."""
+def environments() -> list[tuple[str, str, list[str]]]:
+    """scripts/setup_env.sh's ENVIRONMENTS: (torch, CPython, configurations)."""
     with open(os.path.join(ROOT, "scripts", "setup_env.sh")) as f:
-        m = re.search(rf"^{name}=\((.*)\)$", f.read(), flags=re.M)
-    assert m is not None, name
-    return m.group(1).split()
+        m = re.search(r"^ENVIRONMENTS=\(\n(.*?)\n\)$", f.read(), flags=re.M | re.S)
+    assert m is not None
+    out = []
+    for line in m.group(1).splitlines():
+        torch, python, *configs = line.strip().strip('"').split()
+        out.append((torch, python, configs))
+    return out
 
 
 def test_every_job_runs_ci_run():
@@ -51,29 +58,54 @@ def test_every_job_runs_ci_run():
         runs = re.findall(r"^\s+run: (.+)$", job, flags=re.M)
         assert "bash .ci/run" in runs, (name, runs)
         assert "TORCH_AOT_RT_TORCH: ${{ matrix.torch }}" in job, name
+        assert "TORCH_AOT_RT_PYTHON: ${{ matrix.python }}" in job, name
     assert 'TORCH_AOT_RT_REQUIRE_CUDA: "1"' in jobs["cuda"]
-    assert re.search(r'python: \["3.10", "3.11", "3.12"\]', jobs["cpu"])
 
 
-def test_releases_match_setup_env():
-    """The workflow's releases are the ones scripts/setup_env.sh tests: the CPU
-    job runs every release and every canary, the CUDA job every release."""
-    releases = _setup_env_list("TORCH_RELEASES")
-    canaries = _setup_env_list("CANARY_RELEASES")
-    assert releases and canaries
-    assert not set(releases) & set(canaries), (releases, canaries)
+def test_jobs_match_setup_env():
+    """The CPU job runs each environment of scripts/setup_env.sh (its
+    include list, in order), the CUDA job each torch release on CPython 3.11."""
     jobs = _workflow_jobs()
-    assert _matrix_torch(jobs["cpu"]) == releases + canaries
-    assert _matrix_torch(jobs["cuda"]) == releases
+    cpu = re.findall(r'^\s+- \{torch: "([^"]+)", python: "([^"]+)"\}$', jobs["cpu"], flags=re.M)
+    assert cpu == [(t, p) for t, p, _ in environments()]
+    assert _matrix(jobs["cuda"], "torch") == [
+        t for t, p, configs in environments() if p == "3.11" and "canary" not in configs]
+    assert _matrix(jobs["cuda"], "python") == ["3.11"]
+
+
+def test_environments_cover_the_verified_pairs():
+    """Every (torch, CPython) pair an environment tests is one the gate
+    verifies (a canary: a torch no entry covers); each CPython the gate
+    verifies runs with the newest torch release verified on it, and each
+    verified release runs on CPython 3.11, with the C++ part."""
+    from torch_aot_rt import _versions
+
+    def series(torch):
+        return tuple(int(x) for x in torch.split(".")[:2])
+
+    verified = {(r.series, p) for r in _versions.VERIFIED for p in r.pythons}
+    envs = environments()
+    for torch, python, configs in envs:
+        pair = (series(torch), tuple(int(x) for x in python.split(".")))
+        if "canary" in configs:
+            assert configs == ["canary"] and all(r.series != pair[0] for r in _versions.VERIFIED)
+        else:
+            assert pair in verified and "cpp" in configs, (torch, python)
+    tested = {(series(t), p, tuple(c)) for t, p, c in envs}
+    for python in sorted({p for _, p in verified}):
+        newest = max(s for s, p in verified if p == python)
+        assert any(s == newest and p == _versions.python_name(python) and "cpp" in c
+                   for s, p, c in tested), (newest, python)
+    for release in _versions.VERIFIED:
+        assert any(s == release.series and p == "3.11" and "cpp" in c
+                   for s, p, c in tested), release.name
 
 
 def test_cpp_releases_match_cpp_series():
-    """scripts/setup_env.sh's CPP_RELEASES (the releases the suite runs with
-    and without the C++ part) are the verified releases whose series
-    torch_aot_rt/_cpp.py builds the C++ part for."""
+    """Every verified environment runs with the C++ part: its torch series is
+    one torch_aot_rt/_cpp.py builds the C++ part for."""
     from torch_aot_rt import _cpp
 
-    releases = _setup_env_list("TORCH_RELEASES")
-    cpp = _setup_env_list("CPP_RELEASES")
-    series = {r: tuple(int(x) for x in r.split(".")[:2]) for r in releases}
-    assert cpp == [r for r in releases if series[r] in _cpp.CPP_SERIES], (cpp, releases)
+    for torch, python, configs in environments():
+        if "canary" not in configs:
+            assert tuple(int(x) for x in torch.split(".")[:2]) in _cpp.CPP_SERIES, torch

@@ -610,4 +610,6 @@ def support_matrix() -> str:
                                       for p in pythons) + " |"
         for r in VERIFIED
     ]
-    return "\n".join([head, rule] + rows)
+    note = ("Any other torch release or CPython version, and free-threaded builds "
+            "(3.13t, 3.14t, 3.15t): inactive (the import changes nothing and warns once).")
+    return "\n".join([head, rule] + rows + ["", note])
