@@ -164,11 +164,11 @@ def inner_whole(case_name: str, variant: str, calls: int) -> None:
 # outside: drive valgrind, parse its output
 
 
-def _valgrind(out_file: str, inner_args: list[str], instr_atstart: bool):
+def _valgrind(out_file: str, inner_args: list[str], instr_atstart: bool, script=__file__):
     cmd = [
         "valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}",
         f"--instr-atstart={'yes' if instr_atstart else 'no'}",
-        sys.executable, os.path.abspath(__file__), *inner_args,
+        sys.executable, os.path.abspath(script), *inner_args,
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=_env())
     if r.returncode != 0:

@@ -29,9 +29,20 @@ rt_thread_locals_traverse(rt_thread_locals *t, visitproc visit, void *arg)
     Py_VISIT(t->type);
     for (int i = 0; i < RT_TLS_N; i++) {
         Py_VISIT(t->slots[i].local);
-        Py_VISIT(t->slots[i].dict);
+        for (int k = 0; k < RT_TLS_THREADS; k++) {
+            Py_VISIT(t->slots[i].threads[k].dict);
+        }
     }
     return 0;
+}
+
+static void
+forget_threads(rt_tls_slot *s)
+{
+    for (int k = 0; k < RT_TLS_THREADS; k++) {
+        s->threads[k].thread_id = 0;
+        Py_CLEAR(s->threads[k].dict);
+    }
 }
 
 void
@@ -41,9 +52,42 @@ rt_thread_locals_clear(rt_thread_locals *t)
     Py_CLEAR(t->str_dict);
     for (int i = 0; i < RT_TLS_N; i++) {
         Py_CLEAR(t->slots[i].local);
-        Py_CLEAR(t->slots[i].dict);
-        t->slots[i].thread_id = 0;
+        forget_threads(&t->slots[i]);
     }
+}
+
+/* whether the thread with this id is alive in the current interpreter */
+static int
+thread_alive(uint64_t id)
+{
+    PyInterpreterState *interp = PyThreadState_GetInterpreter(PyThreadState_Get());
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL;
+         ts = PyThreadState_Next(ts)) {
+        if (PyThreadState_GetID(ts) == id) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The entry a thread not remembered takes: a free one, else one of a thread
+ * that ended, else the next in turn. */
+static rt_tls_thread *
+entry_for_new_thread(rt_tls_slot *s)
+{
+    for (int k = 0; k < RT_TLS_THREADS; k++) {
+        if (s->threads[k].thread_id == 0) {
+            return &s->threads[k];
+        }
+    }
+    for (int k = 0; k < RT_TLS_THREADS; k++) {
+        if (!thread_alive(s->threads[k].thread_id)) {
+            return &s->threads[k];
+        }
+    }
+    rt_tls_thread *e = &s->threads[s->next];
+    s->next = (s->next + 1) % RT_TLS_THREADS;
+    return e;
 }
 
 /* The current thread's dict of local (borrowed; owned by the slot), NULL
@@ -53,8 +97,12 @@ static PyObject *
 thread_dict(rt_thread_locals *t, rt_tls_slot *s, PyObject *local)
 {
     uint64_t id = PyThreadState_GetID(PyThreadState_Get());
-    if (s->local == local && s->thread_id == id && s->dict != NULL) {
-        return s->dict;
+    if (s->local == local) {
+        for (int k = 0; k < RT_TLS_THREADS; k++) {
+            if (s->threads[k].thread_id == id) {
+                return s->threads[k].dict;
+            }
+        }
     }
     PyTypeObject *tp = Py_TYPE(local);
     if (t->type == NULL || !PyType_IsSubtype(tp, t->type) ||
@@ -69,9 +117,13 @@ thread_dict(rt_thread_locals *t, rt_tls_slot *s, PyObject *local)
         Py_DECREF(d);
         return NULL;
     }
-    Py_XSETREF(s->dict, d);
-    Py_XSETREF(s->local, Py_NewRef(local));
-    s->thread_id = id;
+    if (s->local != local) { /* another local in this slot: its threads' dicts go */
+        forget_threads(s);
+        Py_XSETREF(s->local, Py_NewRef(local));
+    }
+    rt_tls_thread *e = entry_for_new_thread(s);
+    e->thread_id = id;
+    Py_XSETREF(e->dict, d);
     return d;
 }
 

@@ -19,8 +19,11 @@
  * class is not _thread._local or a subclass keeping its getattro/setattro
  * are read and set with PyObject_GetAttr / PyObject_SetAttr.
  *
- * The remembered dict is a strong reference: after its thread ends it lives
- * until the next read from another thread (or the module's clear), where
+ * Each local remembers the dicts of up to RT_TLS_THREADS threads, so that
+ * a server's threads calling the same compiled functions in turn each find
+ * theirs. A remembered dict is a strong reference: after its thread ends it
+ * lives until a read from a thread not remembered needs its place (the
+ * entries of ended threads go first) or the module's clear, where
  * upstream's would be freed with the thread. */
 #ifndef TORCH_AOT_RT_THREAD_LOCAL_H
 #define TORCH_AOT_RT_THREAD_LOCAL_H
@@ -39,10 +42,17 @@ enum {
     RT_TLS_N
 };
 
+#define RT_TLS_THREADS 8
+
+typedef struct {
+    uint64_t thread_id;   /* 0: empty */
+    PyObject *dict;       /* the local's dict for that thread */
+} rt_tls_thread;
+
 typedef struct {
     PyObject *local;      /* the threading.local */
-    PyObject *dict;       /* its dict for thread_id's thread */
-    uint64_t thread_id;
+    rt_tls_thread threads[RT_TLS_THREADS];
+    int next;             /* the entry a new thread takes when none is free */
 } rt_tls_slot;
 
 typedef struct {

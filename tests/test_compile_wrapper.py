@@ -758,6 +758,49 @@ def test_thread_local_state_is_the_callers():
         assert counts[C_CALL] == 3, counts
 
 
+def test_threads_taking_turns():
+    """Four threads calling one compiled function in turn (C remembers each
+    thread's dict of each local): each sees its own thread-local state on
+    every call, the one with a nested-eager depth (2.14 on) or fullgraph skip
+    reasons of its own included, and the results are upstream's."""
+    from torch._dynamo import eval_frame
+
+    tls = eval_frame.dynamo_tls
+    nested = getattr(eval_frame, "_force_eager_nested_compile", None)
+    n = 4
+
+    def program():
+        g = torch.compile(f, backend="aot_eager", fullgraph=True)
+        x, w = torch.randn(3, 4), torch.randn(3, 4)
+        g(x, w)
+        turn = [threading.Event() for _ in range(n)]
+        seen = {i: [] for i in range(n)}
+
+        def work(i):
+            tls.skip_reasons = [f"thread {i}'s"]
+            if nested is not None and i == 2:
+                nested.depth = 1
+            for _ in range(3):
+                turn[i].wait()
+                turn[i].clear()
+                seen[i].append((_v(g(x, w)), getattr(tls, "skip_reasons", "unset"),
+                                getattr(nested, "depth", None)))
+                turn[(i + 1) % n].set()
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        turn[0].set()
+        for t in threads:
+            t.join()
+        return seen
+
+    _, counts = differential(program, min_c=1)
+    if nested is not None:
+        # thread 2's three calls were upstream's, the others' nine in C
+        assert counts[C_CALL] == 1 + 9, counts
+
+
 def test_context_attribute_set_between_calls():
     """An attribute of the context set between calls (C remembers the ones
     a call reads while the context's dict is unchanged): error_on_graph_break
