@@ -164,9 +164,25 @@ def inner_whole(case_name: str, variant: str, calls: int) -> None:
 # outside: drive valgrind, parse its output
 
 
+def _is_wrapper(executable: str) -> bool:
+    """Whether the interpreter is a script that execs the real one (the
+    wrappers scripts/provision_python.sh makes for CPython 3.14 and 3.15,
+    which enter a Debian root): valgrind must then follow the exec."""
+    try:
+        with open(executable, "rb") as f:
+            return f.read(2) == b"#!"
+    except OSError:
+        return False
+
+
 def _valgrind(out_file: str, inner_args: list[str], instr_atstart: bool, script=__file__):
+    follow = []
+    if _is_wrapper(sys.executable):
+        # one dump file per process (the labelled ones are the interpreter's)
+        follow = ["--trace-children=yes"]
+        out_file += ".%p"
     cmd = [
-        "valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}",
+        "valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", *follow,
         f"--instr-atstart={'yes' if instr_atstart else 'no'}",
         sys.executable, os.path.abspath(script), *inner_args,
     ]

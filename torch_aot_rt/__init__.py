@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from . import _install, _state
 from ._install import InactiveWarning
 from ._state import is_enabled
+from ._version import __version__
 
 __all__ = ["enable", "disable", "enabled", "is_enabled", "stats", "reset_stats",
-           "InactiveWarning"]
-__version__ = "0.1.0"
+           "InactiveWarning", "__version__"]
 
 
 def enable() -> None:

@@ -19,9 +19,11 @@
  *   itself before (rt_function_set_vectorcall). The default one
  *   (_PyFunction_Vectorcall) is private from 3.13: it is read off a
  *   function instead of named.
- * - the exception being handled: PyErr_GetHandledException /
- *   PyErr_SetHandledException from 3.11, PyErr_GetExcInfo /
- *   PyErr_SetExcInfo before (rt_handled_exception, rt_set_handled).
+ * - the raised exception as one object: PyErr_GetRaisedException /
+ *   PyErr_SetRaisedException from 3.12, PyErr_Fetch / PyErr_Restore before
+ *   (rt_take_exception, rt_raise_as_is).
+ * - weak references: PyWeakref_GET_OBJECT and PyWeakref_GetObject are
+ *   removed in 3.15 (rt_weakref_is, rt_weakref_get).
  */
 #ifndef TORCH_AOT_RT_UTIL_PY_COMPAT_H
 #define TORCH_AOT_RT_UTIL_PY_COMPAT_H
@@ -85,39 +87,6 @@ static inline vectorcallfunc
 rt_function_vectorcall(PyObject *fn)
 {
     return ((PyFunctionObject *)fn)->vectorcall;
-}
-
-/* The exception being handled (sys.exception()): a new reference, or None.
- * 3.11: PyErr_GetHandledException; 3.10: the value of PyErr_GetExcInfo. */
-static inline PyObject *
-rt_handled_exception(void)
-{
-#if PY_VERSION_HEX >= 0x030B0000
-    PyObject *e = PyErr_GetHandledException();
-#else
-    PyObject *t, *e, *tb;
-    PyErr_GetExcInfo(&t, &e, &tb);
-    Py_XDECREF(t);
-    Py_XDECREF(tb);
-#endif
-    return e != NULL ? e : Py_NewRef(Py_None);
-}
-
-/* Makes exc (None: none) the exception being handled; borrows exc. */
-static inline void
-rt_set_handled(PyObject *exc)
-{
-#if PY_VERSION_HEX >= 0x030B0000
-    PyErr_SetHandledException(exc);
-#else
-    if (exc == Py_None) {
-        PyErr_SetExcInfo(NULL, NULL, NULL);
-    }
-    else {
-        PyErr_SetExcInfo(Py_NewRef((PyObject *)Py_TYPE(exc)), Py_NewRef(exc),
-                         PyException_GetTraceback(exc));
-    }
-#endif
 }
 
 /* The module's stance, as module slots: one interpreter only (3.12 on: it
