@@ -120,7 +120,7 @@ ROWS["inductor_mlp_training_step"] = ROWS["mlp_training_step"]
 # inference mode, requires_grad (forward), backward and dynamic, by inductor
 # and by the eager backend; and a small MLP module (3 Linear layers of 64,
 # batch 8), no grad and a training step, by inductor. The whole compiled call
-# is measured: Dynamo's, AOTAutograd's and inductor's layers (issue 25).
+# is measured: Dynamo's, AOTAutograd's and inductor's layers.
 for _backend in ("inductor", "eager"):
     ROWS[f"rto_{_backend}_no_grad"] = ("a + 1 on torch.ones(2), torch.no_grad()", False,
                                        torch.no_grad, False)

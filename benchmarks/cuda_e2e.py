@@ -1,5 +1,5 @@
 """Wall time per call of a small compiled model, upstream's AOTAutograd runtime
-against torch_aot_rt's, in one process (issue 19's CUDA table).
+against torch_aot_rt's, in one process (the CUDA table of docs/benchmarks.md).
 
     python benchmarks/cuda_e2e.py [--device cuda|cpu] [--rounds 15] [--calls 200] [--json FILE]
 

@@ -1,5 +1,5 @@
 """Wall time per call of small real models compiled by inductor: eager,
-upstream and torch_aot_rt, in one process (issue 25's real-model harness).
+upstream and torch_aot_rt, in one process (the real-model harness).
 
 Three models small enough for a 2-core CPU, written here with torch.nn alone
 (no model zoo to install): a transformer encoder (``nn.TransformerEncoder``, 2

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 19's CUDA check, as one script for the GPU machine the device tool lends
-# (torch 2.11.0+cu130, Python 3.12, pytest-xdist there; nothing can be fetched).
+# The CUDA check, as one script for a GPU machine that has a CUDA build of torch,
+# pytest and pytest-xdist installed (nothing is fetched).
 # From the repository root, on that machine:
 #   bash scripts/cuda_check.sh          # logs under $OUT (the tool's), else ./cuda-check
 # 1. builds torch_aot_rt in place against the machine's torch (C core and C++ part);
@@ -11,8 +11,7 @@
 #    process, mode="default" and "reduce-overhead");
 # 4. runs the suite again with the C core alone (TORCH_AOT_RT_CPP=0).
 # Exit status: the first failing step's, after every step has run. Each step has
-# its own time limit (590 s in all): give the device tool's run a
-# timeout_s of 600.
+# its own time limit (590 s in all): give the command 600 s.
 set -uo pipefail
 out="${OUT:-cuda-check}"
 mkdir -p "$out"

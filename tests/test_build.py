@@ -1,4 +1,4 @@
-"""Building the package: the optional C++ part never fails an install (issue 17).
+"""Building the package: the optional C++ part never fails an install.
 
 Two wheel builds (``pip wheel --no-build-isolation --no-deps``, a few seconds
 each: neither compiles the whole C++ part), each from its own copy of this

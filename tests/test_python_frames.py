@@ -141,7 +141,7 @@ def _rel(frame: str) -> str:
 
 
 # ---------------------------------------------------------------------------
-# the whole compiled call (issue 25): Dynamo's, AOTAutograd's and inductor's
+# the whole compiled call: Dynamo's, AOTAutograd's and inductor's
 # per-call Python, counted in the files the issue names
 
 WHOLE_CALL = tuple(os.path.join("torch", p) for p in (

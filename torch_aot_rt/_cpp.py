@@ -31,7 +31,7 @@ CPP_ENV = "TORCH_AOT_RT_CPP"
 # THPFunction's ownership (csrc/cpp/compiled_node_face_owned.cpp), and calls
 # the backward unboxed, as 2.12's PyNode; 2.11's headers, PyNode and
 # BackwardCFunction are 2.12's, and so is the node there (tested since 2.11's
-# CompiledFunction runs in C, issue 19). 2.15's headers were checked to build.
+# CompiledFunction runs in C). 2.15's headers were checked to build.
 # setup.py compiles the part only for these series.
 CPP_SERIES = ((2, 11), (2, 12), (2, 13), (2, 14), (2, 15))
 
@@ -58,7 +58,7 @@ def torch_series(torch_version: str) -> tuple[int, int] | None:
 # its autograd node reproduces as far as can be read, but where it is not
 # tested, so not built (TORCH_AOT_RT_CPP_FORCE=1 builds it): a series whose
 # CompiledFunction does not run through the C path yet (only that path makes
-# the node). 2.11 was one until its CompiledFunction ran in C (issue 19).
+# the node). 2.11 was one until its CompiledFunction ran in C.
 NODE_UNTESTED: tuple[tuple[int, int], ...] = ()
 
 

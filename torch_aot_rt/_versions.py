@@ -387,7 +387,7 @@ _REL_212 = Release(
 
 VERIFIED: tuple[Release, ...] = (
     # 2.11: 2.12's runtime semantics but where its source differs (the 2.11
-    # fields above; issue 19; docs/compatibility.md "2.11 against 2.12"):
+    # fields above; docs/compatibility.md "2.11 against 2.12"):
     # its dedupe and debug-assert wrappers are closures, compile_wrapper has
     # the eval-frame override, the dynamic= patcher assigns attributes.
     dataclasses.replace(
@@ -482,7 +482,7 @@ VERIFIED: tuple[Release, ...] = (
 
 # Releases read and mirrored, not verified: the gate stays closed on them;
 # the TORCH_AOT_RT_UNVERIFIED=1 opt-in uses the entry of the running series.
-# 2.11 was one until the whole suite passed there (issue 19); none now.
+# 2.11 was one until the whole suite passed there; none now.
 CANDIDATES: tuple[Release, ...] = ()
 
 UNVERIFIED_ENV = "TORCH_AOT_RT_UNVERIFIED"
