@@ -217,13 +217,40 @@ def _captured_output():
             sys.stderr.flush()
 
 
+def checkout_commit():
+    """{"commit": the checkout's commit, "modified": whether its tracked files
+    differ from it}, or None outside a git checkout (an sdist)."""
+    import subprocess
+
+    def git(*args):
+        r = subprocess.run(["git", *args], capture_output=True, text=True,
+                           cwd=os.path.dirname(os.path.abspath(__file__)))
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return None
+    return {"commit": commit, "modified": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
 class build_ext_cpp_optional(build_ext):
     """build_ext whose C++ part never fails the build, and which writes the
-    build record (built or not, and why) next to where the module goes."""
+    build record (built or not, and why) next to where the module goes, and
+    the commit the build is of (torch_aot_rt/_build.json, where it is one)."""
 
     def run(self):
         self._cpp_failure = None
         super().run()  # builds into build_lib, then copies to the tree if in place
+        build = checkout_commit()
+        if build is not None:
+            folders = [os.path.join(self.build_lib, "torch_aot_rt")]
+            if self.inplace:
+                folders.append("torch_aot_rt")
+            for folder in folders:
+                os.makedirs(folder, exist_ok=True)
+                with open(os.path.join(folder, "_build.json"), "w") as f:
+                    json.dump(build, f)
+                    f.write("\n")
         plan = CPP
         # build_lib is what a wheel holds: only this build's C++ part, not
         # those an earlier build for another torch left there (the source

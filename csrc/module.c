@@ -169,6 +169,7 @@ module_exec(PyObject *module)
         return -1;
     }
     if (PyModule_AddStringConstant(module, "FRAME_PLACEHOLDER", RT_FRAME_PLACEHOLDER) < 0 ||
+        PyModule_AddIntConstant(module, "FUNCTION_CALLS_INLINED", RT_PY_INLINES_FUNCTION_CALLS) < 0 ||
         PyModule_AddType(module, st->RuntimeWrapperType) < 0) {
         return -1;
     }

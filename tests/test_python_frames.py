@@ -250,8 +250,10 @@ def test_whole_call_frames(kind):
     upstream = _whole_call_frames_checked(kind, use_c=False)
     ours = _compiled_step(kind, use_c=True)
     trampolines = [f for f in ours if f.endswith(TRAMPOLINE)]
+    from torch_aot_rt import _C
+
     assert trampolines == ([f"_dynamo/eval_frame.py:compile_wrapper{TRAMPOLINE}"]
-                           if sys.version_info[:2] == (3, 11) else []), trampolines
+                           if _C.FUNCTION_CALLS_INLINED else []), trampolines
     rest = [f for f in ours if not f.startswith(ALLOWED) and not f.endswith(TRAMPOLINE)]
     assert rest == [], f"{len(rest)} frames (upstream: {len(upstream)}): {rest}"
 

@@ -6,6 +6,9 @@ tests/test_docs.py checks that this file names exactly what the module has."""
 from typing import Any, Callable, ClassVar
 
 FRAME_PLACEHOLDER: str
+# whether the interpreter runs a Python function's frame without its vectorcall
+# (CPython 3.11): a compiled function then runs a trampoline as its code
+FUNCTION_CALLS_INLINED: int
 
 # ---- binding torch, once (torch_aot_rt/_install.py and the layers' shims) ----
 def _bind_torch(*, opaque_type_check: str, opaque_base: str | None,

@@ -53,6 +53,20 @@ def _self_check(torch_aot_rt) -> tuple[bool, str]:
                   "compiled function in C")
 
 
+def _built_from() -> str:
+    """" (commit abc1234)", with "+" where the checkout had changes, from the
+    record the build writes; "" where there is none."""
+    import json
+    import os
+
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_build.json")) as f:
+            build = json.load(f)
+    except (OSError, ValueError):
+        return ""
+    return f" (commit {build['commit'][:12]}{'+' if build.get('modified') else ''})"
+
+
 def main() -> int:
     import torch
 
@@ -63,7 +77,7 @@ def main() -> int:
     gate = _state.gate()
     closed = _state.closed()
     stats = torch_aot_rt.stats()
-    print(f"torch_aot_rt {torch_aot_rt.__version__}")
+    print(f"torch_aot_rt {torch_aot_rt.__version__}{_built_from()}")
     print(f"Python       {sys.version.split()[0]} ({gate.kind} build, {sys.executable})")
     print(f"torch        {torch.__version__}")
     if closed is None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dis
 import functools
 import inspect
-import sys
 import types
 
 CELLS = ("callback", "fn", "is_fx_symbolic_tracing", "is_jit_tracing", "self")
@@ -79,10 +78,10 @@ def _frames_of(code, release, globals_):
     if frames[0] is None:
         return None, None
     trampoline = None
-    if sys.version_info[:2] == (3, 11):
-        # 3.11's interpreter runs a function's frame without its vectorcall:
-        # the function runs this code, whose frame gives the traceback the
-        # entry of each exit itself
+    if _C.FUNCTION_CALLS_INLINED:
+        # CPython 3.11's interpreter runs a function's frame without its
+        # vectorcall: the function runs this code, whose frame gives the
+        # traceback the entry of each exit itself
         trampoline = _frames.trampoline(
             code, at_call, [(k, at) for k, at in enumerate(positions) if k and at is not None],
             globals_)

@@ -173,10 +173,11 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
     }
     if (PyTuple_GET_SIZE(frames) != RT_CW_FRAME_N ||
         (trampoline != Py_None && !PyCode_Check(trampoline)) ||
-        (RT_PY_INLINES_FUNCTION_CALLS && trampoline == Py_None)) {
+        RT_PY_INLINES_FUNCTION_CALLS != (trampoline != Py_None)) {
         PyErr_SetString(PyExc_ValueError,
                         "_bind_compile_wrapper: frames, one stub or None per exit; trampoline, "
-                        "a code object (CPython 3.11) or None");
+                        "a code object where _C.FUNCTION_CALLS_INLINED (CPython 3.11), "
+                        "else None");
         return NULL;
     }
     rt_state *st = PyModule_GetState(module);
