@@ -118,9 +118,10 @@ static PyMethodDef module_methods[] = {
     {"_is_c_compile_wrapper", rt_is_c_compile_wrapper_py, METH_O,
      PyDoc_STR("_is_c_compile_wrapper(obj)\nWhether obj is a compile_wrapper function whose "
                "calls C runs.")},
-    {"_reraise", rt_reraise, METH_O,
-     PyDoc_STR("_reraise(exc)\nRaise exc as it is (its traceback goes on, no context is "
-               "set): what a frame stub calls (torch_aot_rt/_frames.py).")},
+    {"_reraise", (PyCFunction)(void (*)(void))rt_reraise, METH_VARARGS | METH_KEYWORDS,
+     PyDoc_STR("_reraise(*args, **kwargs)\nRaise the exception kept for this thread's frame "
+               "stub as it is (its traceback goes on, no context is set): what a frame stub "
+               "calls (torch_aot_rt/_frames.py).")},
     {"_bind_config_read", (PyCFunction)(void (*)(void))rt_bind_config_read,
      METH_VARARGS | METH_KEYWORDS,
      PyDoc_STR("_bind_config_read(ConfigModule, *, attribute_overrides=False)\nRead the "

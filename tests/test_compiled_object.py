@@ -187,10 +187,35 @@ def test_pickling_follows_upstream():
     differential(program)
 
 
+# the locals of upstream's frames that the frame behind an entry has too: the
+# call's arguments and the function's closure (upstream's frame also has the
+# ones its body assigns)
+_FRAME_LOCALS = ("args", "kwargs", "self", "callback", "fn")
+
+
+def _shape(v):
+    if isinstance(v, (tuple, list)):
+        return [type(x).__name__ for x in v]
+    if isinstance(v, dict):
+        return sorted(v)
+    return type(v).__name__
+
+
 def _tb(e: BaseException) -> list:
-    return [(fs.filename.rsplit("/", 1)[-1], fs.lineno, fs.name, fs.line,
-             getattr(fs, "colno", None), getattr(fs, "end_colno", None))
-            for fs in traceback.extract_tb(e.__traceback__)]
+    entries = [(fs.filename.rsplit("/", 1)[-1], fs.lineno, fs.name, fs.line,
+                getattr(fs, "colno", None), getattr(fs, "end_colno", None))
+               for fs in traceback.extract_tb(e.__traceback__)]
+    # for torch's own frames: where the function starts (what inspect and
+    # pytest read its source from), and the locals above
+    tb, frames = e.__traceback__, []
+    while tb is not None:
+        code, local = tb.tb_frame.f_code, tb.tb_frame.f_locals
+        if "torch" in code.co_filename:
+            frames.append((code.co_name, code.co_firstlineno,
+                           len(inspect.getsource(tb.tb_frame).splitlines()),
+                           {k: _shape(local[k]) for k in _FRAME_LOCALS if k in local}))
+        tb = tb.tb_next
+    return entries + frames
 
 
 def _error_record(call) -> dict:
@@ -273,3 +298,52 @@ def test_compiled_function_in_a_cycle_is_collected():
 
     out, _ = differential(program)
     assert out == [True, True], out
+
+
+def test_inner_layers_leave_no_frames():
+    """An exception from inside the compiled graph: the traceback is
+    upstream's without the entries of the layers below compile_wrapper that
+    C runs with no frame stub (Dynamo's disable wrapper around the graph,
+    AOTAutograd's runtime: docs/compatibility.md), in upstream's order."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    fail = [False]
+
+    def fw_compiler(gm, example_inputs):
+        inner = make_boxed_func(gm)
+
+        def run(args):
+            if fail[0]:
+                raise RuntimeError("from the graph")
+            return inner(args)
+
+        run._boxed_call = True
+        return run
+
+    def entries(on, requires_grad):
+        torch._dynamo.reset()
+        fail[0] = False
+        # the switch as the layers below are built: at the first call
+        with D.runtime(on):
+            c = torch.compile(lambda x: x.sin() * 2, backend=aot_autograd(fw_compiler=fw_compiler))
+            x = torch.ones(3, requires_grad=requires_grad)
+            c(x)
+            c(x)
+        fail[0] = True
+        try:
+            c(x)
+        except RuntimeError as e:
+            return [(fs.filename, fs.name, fs.lineno)
+                    for fs in traceback.extract_tb(e.__traceback__)]
+        raise AssertionError("no error")
+
+    def c_layer(entry):
+        path, name, _ = entry
+        return "torch/_functorch/" in path or (path.endswith("_dynamo/eval_frame.py")
+                                               and name == "_fn")
+
+    for requires_grad in (False, True):
+        upstream, ours = entries(False, requires_grad), entries(True, requires_grad)
+        assert any(c_layer(e) for e in upstream), "\n".join(map(str, upstream))
+        assert ours == [e for e in upstream if not c_layer(e)], (upstream, ours)

@@ -8,11 +8,12 @@ Cython adds traceback entries for its C functions, the C side calls a
 *frame stub* on its way out with an exception: a function compiled from a
 few lines of source placed so that its one call has exactly the position
 (line and columns) of the upstream instruction the exception left from,
-with upstream's file name, function name, qualified name, parameters and
-free variables. Called as ``stub(*args, **kwargs)`` it runs
+with upstream's file name, first line, function name, qualified name,
+parameters and free variables. Called with the arguments of the call it
+stands for (its frame made over that call's closure) it runs
 ``f(*args, **kwargs)`` at that position, where ``f`` is a constant given
-when the stub is made: the C re-raiser (``_C._reraise``) for traceback
-entries; on CPython 3.11, whose interpreter runs a Python function's frame
+when the stub is made: the C re-raiser (``_C._reraise``, which raises the
+exception C keeps for it) for traceback entries; on CPython 3.11, whose interpreter runs a Python function's frame
 without its vectorcall, the C object itself, so that the function keeps
 upstream's identity with this code as its ``__code__`` (see
 ``_compile_wrapper``).
@@ -124,15 +125,16 @@ def _function(code: types.CodeType, steps: list, constant, globals_: dict):
     if body <= 4:
         return None
     # def __outer__(): / <free variables> = None / ... /
-    #     def <name>(<params>):            line (first call) - 2
-    #         f = <constant>               line (first call) - 1
+    #     def <name>(<params>):            code's first line (inspect reads the
+    #                                      function's source from there)
+    #         f = <constant>               the line after
     #         <steps>
     #         (<free variables>,)          unreached: keeps them free
     lines = ["def __outer__():"] + ([f"    {' = '.join(freevars)} = None"] if freevars else [])
     first = placed[0][0].lineno
-    if first - 2 - len(lines) - 1 < 0:
+    if not len(lines) < code.co_firstlineno < first - 1:
         return None
-    lines += [""] * (first - 2 - len(lines) - 1)
+    lines += [""] * (code.co_firstlineno - 1 - len(lines))
     lines += [f"    def {code.co_name}({params}):", " " * body + f"f = {placeholder!r}"]
     for step in steps:
         if isinstance(step, str):

@@ -570,10 +570,10 @@ exit_hooks(rt_state *st, cw_entered *e)
  * on CPython 3.11 the trampoline, whose frame is the function's, raises it
  * there itself (recorded here, handed over in run). */
 static void
-exit_at(rt_cw_state *cw, cw_call *c, int exit)
+exit_at(rt_cw_state *cw, cw_call *c, const rt_frame_call *call, int exit)
 {
     if (cw->trampoline == NULL) {
-        rt_frame_add(cw->frames[exit]);
+        rt_frame_add(cw->frames[exit], call);
         return;
     }
     c->exit = exit;
@@ -585,9 +585,9 @@ exit_at(rt_cw_state *cw, cw_call *c, int exit)
  * raised another. The entry of the call itself is added first, as
  * upstream's frame has it when its except clauses run. */
 static int
-transform_exception(rt_cw_state *cw)
+transform_exception(rt_cw_state *cw, const rt_frame_call *call)
 {
-    rt_frame_add(cw->frames[RT_CW_FRAME_CALL]);
+    rt_frame_add(cw->frames[RT_CW_FRAME_CALL], call);
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
@@ -870,13 +870,15 @@ run_body(cw_self *self, rt_cw_state *cw, cw_call *c, PyObject *const *argv, size
         }
     }
 
+    /* the call the frame stubs stand for: this one, with the function's closure */
+    rt_frame_call frame_call = {argv, nargsf, kwnames, PyFunction_GET_CLOSURE(self->fn)};
     /* try: result = fn(*args, **kwargs) */
     result = PyObject_Vectorcall(c->fn, argv, nargsf, kwnames);
     int succeeded = result != NULL;
     if (!succeeded) {
-        int exit = transform_exception(cw);
+        int exit = transform_exception(cw, &frame_call);
         if (exit > RT_CW_FRAME_CALL) {
-            exit_at(cw, c, exit);
+            exit_at(cw, c, &frame_call, exit);
         }
     }
     /* finally: (a step that raises ends the block, as in Python) */
@@ -890,7 +892,7 @@ run_body(cw_self *self, rt_cw_state *cw, cw_call *c, PyObject *const *argv, size
             Py_XDECREF(minus);
             ok = count != NULL && fullgraph_exit_check(cw, count) == 0;
             if (!ok && count != NULL) {
-                exit_at(cw, c, RT_CW_FRAME_FULLGRAPH);
+                exit_at(cw, c, &frame_call, RT_CW_FRAME_FULLGRAPH);
             }
             Py_XDECREF(count);
         }

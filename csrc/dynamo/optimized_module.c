@@ -124,7 +124,13 @@ ModuleCall_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObje
     if (rt_finally_end(&saved, ok) < 0) {
         Py_CLEAR(result);
     }
-    return result != NULL ? result : rt_frame_add(self->frame);
+    if (result == NULL) {
+        rt_frame_call call = {argv, nargsf, kwnames,
+                              PyFunction_Check(self->upstream) ? PyFunction_GET_CLOSURE(self->upstream)
+                                                               : NULL};
+        rt_frame_add(self->frame, &call);
+    }
+    return result;
 }
 
 static PyObject *
