@@ -896,15 +896,16 @@ REL_UNBOXED = REL_212 if RELEASE is None or RELEASE.compiled_function_factory el
 
 def test_211_and_212_are_verified(monkeypatch):
     monkeypatch.delenv(_versions.UNVERIFIED_ENV, raising=False)
-    assert _versions.resolve("2.11.0").release is REL_211
-    assert _versions.resolve("2.11.0+cu130").verified
-    assert _versions.resolve("2.12.1+cu130").release is REL_212
-    assert _versions.resolve("2.12.1").verified
+    py = (3, 11)  # a CPython both are verified on
+    assert _versions.resolve("2.11.0", py).release is REL_211
+    assert _versions.resolve("2.11.0+cu130", py).verified
+    assert _versions.resolve("2.12.1+cu130", py).release is REL_212
+    assert _versions.resolve("2.12.1", py).verified
     # the opt-in: a pre-release of 2.11 (or an older torch) gets 2.11's entry
     monkeypatch.setenv(_versions.UNVERIFIED_ENV, "1")
-    assert _versions.resolve("2.11.0a0+git1234567").release is REL_211
-    assert _versions.resolve("2.10.0").release is REL_211
-    assert not _versions.resolve("2.10.0").verified
+    assert _versions.resolve("2.11.0a0+git1234567", py).release is REL_211
+    assert _versions.resolve("2.10.0", py).release is REL_211
+    assert not _versions.resolve("2.10.0", py).verified
 
 
 def _wrapper(fn, args, release, **plan_over):
