@@ -46,14 +46,10 @@ fi
 # minutes beside another; a set-up from nothing 1 to 4 minutes (2.13.0 and 3.11's
 # 2.14.1 install from local files; the others download a CUDA build of torch).
 # TORCH_AOT_RT_PAIRS=all: every pair the gate verifies instead (scripts/setup_env.sh
-# every_verified_pair), each with the C++ part; with TORCH_AOT_RT_DROP_VENVS=1 each
-# venv not among ENVIRONMENTS' is removed after its run, and the set-ups wait for the
-# runs (at most two venvs ahead), so that the disk holds a few at a time.
-if [ "${TORCH_AOT_RT_PAIRS:-}" = all ]; then
-    mapfile -t selection < <(every_verified_pair)
-else
-    selection=("${ENVIRONMENTS[@]}")
-fi
+# every_verified_pair), each with the C++ part; =extra: those of them ENVIRONMENTS
+# does not run. With TORCH_AOT_RT_DROP_VENVS=1 each venv not among ENVIRONMENTS' is
+# removed after its run, and the set-ups wait for the runs (at most two venvs
+# ahead), so that the disk holds a few at a time.
 kept_venv() { # TORCH PYTHON: whether ENVIRONMENTS has this venv
     local e
     for e in "${ENVIRONMENTS[@]}"; do
@@ -61,6 +57,22 @@ kept_venv() { # TORCH PYTHON: whether ENVIRONMENTS has this venv
     done
     return 1
 }
+case "${TORCH_AOT_RT_PAIRS:-}" in
+    "") selection=("${ENVIRONMENTS[@]}") ;;
+    all) mapfile -t selection < <(every_verified_pair) ;;
+    extra)
+        selection=()
+        while read -r entry; do
+            if ! kept_venv "$(env_torch "$entry")" "$(env_python "$entry")"; then
+                selection+=("$entry")
+            fi
+        done < <(every_verified_pair)
+        ;;
+    *)
+        echo "test.sh: TORCH_AOT_RT_PAIRS=$TORCH_AOT_RT_PAIRS: all or extra" >&2
+        exit 2
+        ;;
+esac
 drop_venv() { # ENTRY: with TORCH_AOT_RT_DROP_VENVS=1, its venv unless ENVIRONMENTS keeps it
     local torch python
     torch="$(env_torch "$1")" python="$(env_python "$1")"
