@@ -55,6 +55,7 @@ def listdir(folder, suffix):
 C_CORE_FOLDERS = (
     "csrc",
     os.path.join("csrc", "util"),
+    os.path.join("csrc", "config"),
     os.path.join("csrc", "dynamo"),
     os.path.join("csrc", "aot"),
     os.path.join("csrc", "inductor"),

@@ -9,6 +9,10 @@
 #include "fn_object.h"
 #include "aot/autograd_function.h"
 #include "aot/runtime_wrapper.h"
+#include "aot/wrappers.h"
+#include "config/config_read.h"
+#include "dynamo/compile_wrapper.h"
+#include "dynamo/disable.h"
 #include "dynamo/dynamo.h"
 #include "inductor/inductor.h"
 #include "torch_api.h"
@@ -158,11 +162,45 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* The module state is torch's door (torch_api.c: its own fields) and each
+ * layer's part, which the layers make, traverse and clear themselves; the
+ * module, above them all, drives the three in one place (so the door knows
+ * no layer). */
+static int
+layers_traverse(rt_state *st, visitproc visit, void *arg)
+{
+    int rc;
+    if ((rc = rt_thread_locals_traverse(&st->thread_locals, visit, arg)) != 0 ||
+        (rc = rt_config_reader_traverse(&st->config_reader, visit, arg)) != 0 ||
+        (rc = rt_wrappers_state_traverse(&st->wrappers, visit, arg)) != 0 ||
+        (rc = rt_alias_state_traverse(&st->alias, visit, arg)) != 0 ||
+        (rc = rt_disable_traverse(&st->disable, visit, arg)) != 0 ||
+        (rc = rt_cw_traverse(&st->cw, visit, arg)) != 0 ||
+        (rc = rt_inductor_names_traverse(&st->inductor, visit, arg)) != 0) {
+        return rc;
+    }
+    return 0;
+}
+
+static void
+layers_clear(rt_state *st)
+{
+    rt_disable_clear(&st->disable);
+    rt_inductor_names_clear(&st->inductor);
+    rt_cw_clear(&st->cw);
+    rt_config_reader_clear(&st->config_reader);
+    rt_thread_locals_clear(&st->thread_locals);
+    rt_wrappers_state_clear(&st->wrappers);
+    rt_alias_state_clear(&st->alias);
+}
+
 static int
 module_exec(PyObject *module)
 {
     rt_state *st = PyModule_GetState(module);
-    if (rt_dict_versions_init() < 0 || rt_state_init(st) < 0) {
+    if (rt_dict_versions_init() < 0 || rt_state_init(st) < 0 ||
+        rt_inductor_names_init(&st->inductor) < 0 ||
+        rt_thread_locals_init(&st->thread_locals) < 0) {
         return -1;
     }
     st->RuntimeWrapperType = rt_runtime_wrapper_type_new(module);
@@ -184,13 +222,17 @@ module_exec(PyObject *module)
 static int
 module_traverse(PyObject *module, visitproc visit, void *arg)
 {
-    return rt_state_traverse(PyModule_GetState(module), visit, arg);
+    rt_state *st = PyModule_GetState(module);
+    int rc = rt_state_traverse(st, visit, arg);
+    return rc != 0 ? rc : layers_traverse(st, visit, arg);
 }
 
 static int
 module_clear(PyObject *module)
 {
-    rt_state_clear(PyModule_GetState(module));
+    rt_state *st = PyModule_GetState(module);
+    layers_clear(st);
+    rt_state_clear(st);
     return 0;
 }
 

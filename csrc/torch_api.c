@@ -45,10 +45,6 @@ rt_state_init(rt_state *st)
     INTERN(str_exit, "__exit__");
     INTERN(str_is_profiler_enabled, "_is_profiler_enabled");
     INTERN(str_dynamo_disable, "__dynamo_disable");
-    if (rt_inductor_names_init(&st->inductor) < 0 ||
-        rt_thread_locals_init(&st->thread_locals) < 0) {
-        return -1;
-    }
     INTERN(str_pregraph_range, "Pregraph bytecode");
     INTERN(str_record_runtime_overhead, "record_runtime_overhead");
     INTERN(str_requires_grad, "requires_grad");
@@ -403,31 +399,7 @@ rt_state_traverse(rt_state *st, visitproc visit, void *arg)
         Py_VISIT(st->parameter_methods[m]);
         Py_VISIT(st->method_names[m]);
     }
-    int rc = rt_wrappers_state_traverse(&st->wrappers, visit, arg);
-    if (rc != 0) {
-        return rc;
-    }
-    rc = rt_alias_state_traverse(&st->alias, visit, arg);
-    if (rc != 0) {
-        return rc;
-    }
-    rc = rt_inductor_names_traverse(&st->inductor, visit, arg);
-    if (rc != 0) {
-        return rc;
-    }
-    rc = rt_cw_traverse(&st->cw, visit, arg);
-    if (rc != 0) {
-        return rc;
-    }
-    rc = rt_config_reader_traverse(&st->config_reader, visit, arg);
-    if (rc != 0) {
-        return rc;
-    }
-    rc = rt_thread_locals_traverse(&st->thread_locals, visit, arg);
-    if (rc != 0) {
-        return rc;
-    }
-    return rt_disable_traverse(&st->disable, visit, arg);
+    return 0;
 }
 
 void
@@ -441,13 +413,6 @@ rt_state_clear(rt_state *st)
         Py_CLEAR(st->parameter_methods[m]);
         Py_CLEAR(st->method_names[m]);
     }
-    rt_disable_clear(&st->disable);
-    rt_inductor_names_clear(&st->inductor);
-    rt_cw_clear(&st->cw);
-    rt_config_reader_clear(&st->config_reader);
-    rt_thread_locals_clear(&st->thread_locals);
-    rt_wrappers_state_clear(&st->wrappers);
-    rt_alias_state_clear(&st->alias);
     st->cpp = st->cpp_loaded = NULL; /* its capsule was cleared above */
     st->bound = 0;
 }

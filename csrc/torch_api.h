@@ -19,11 +19,11 @@
 #include <stdbool.h>
 
 #include "aot/alias_state.h"
-#include "config_read.h"
+#include "config/config_read.h"
 #include "dynamo/compile_wrapper.h"
 #include "dynamo/disable.h"
 #include "inductor/inductor.h"
-#include "thread_local.h"
+#include "util/thread_local.h"
 #include "torch_cpp_api.h"
 #include "aot/wrappers.h"
 

@@ -10,7 +10,7 @@
 #include <Python.h>
 #include <stddef.h>
 
-#include "intern_names.h"
+#include "util/intern_names.h"
 
 typedef struct {
     PyObject *str_base;             /* _base */

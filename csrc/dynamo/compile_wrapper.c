@@ -70,8 +70,8 @@
  * for the wrapper (the compiler errors it re-raises included).
  * ====================================================================== */
 #include "dynamo/compile_wrapper.h"
-#include "attr_memo.h"
-#include "config_patch.h"
+#include "util/attr_memo.h"
+#include "config/config_patch.h"
 #include "util/dict_version.h"
 #include "dynamo/dynamo.h"
 #include "fn_object.h"

@@ -4,10 +4,10 @@
  * calls ran (_C._compile_wrapper_stats). The call itself is in
  * compile_wrapper.c. */
 #include "dynamo/compile_wrapper.h"
-#include "config_patch.h"
+#include "config/config_patch.h"
 #include "dynamo/dynamo.h"
 #include "fn_object.h" /* rt_counts_dict */
-#include "intern_names.h"
+#include "util/intern_names.h"
 #include "util/py_compat.h"
 
 #include <string.h>

@@ -38,7 +38,7 @@
 #include "dynamo/dynamo.h"
 
 #include "fn_object.h"
-#include "intern_names.h"
+#include "util/intern_names.h"
 
 
 typedef struct {

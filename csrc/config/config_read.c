@@ -34,7 +34,7 @@
  * (checked per class and type version), and the module's __dict__ holds
  * neither `name` nor a PEP 562 __getattr__ nor those methods (checked per
  * read). Else Python's read. */
-#include "config_read.h"
+#include "config/config_read.h"
 
 #include "util/dict_version.h"
 #include "util/py_compat.h"

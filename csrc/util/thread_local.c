@@ -1,5 +1,5 @@
 /* thread_local.c: see thread_local.h. */
-#include "thread_local.h"
+#include "util/thread_local.h"
 
 int
 rt_thread_locals_init(rt_thread_locals *t)

@@ -1,5 +1,5 @@
 /* attr_memo.c: see attr_memo.h. */
-#include "attr_memo.h"
+#include "util/attr_memo.h"
 
 #include "util/dict_version.h"
 

@@ -42,7 +42,7 @@
  * through its wrapper (a bound method made and called, about 550
  * instructions) and __getattr__ on an AttributeError; module_attr calls
  * module_getattro directly, then the class's __getattr__ the same way. */
-#include "config_patch.h"
+#include "config/config_patch.h"
 
 #include "torch_api.h"
 
