@@ -347,3 +347,58 @@ def test_inner_layers_leave_no_frames():
         upstream, ours = entries(False, requires_grad), entries(True, requires_grad)
         assert any(c_layer(e) for e in upstream), "\n".join(map(str, upstream))
         assert ours == [e for e in upstream if not c_layer(e)], (upstream, ours)
+
+
+_COMPILE_INSIDE = """
+import json, warnings
+import torch, torch._dynamo, torch._dynamo.testing
+import torch_aot_rt
+from torch._dynamo.utils import counters
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sigmoid())
+
+def g(x):
+    model(x).sum().backward()
+    return model[0].weight.grad
+
+cnt = torch._dynamo.testing.CompileCounter()
+with torch._dynamo.config.patch(compiled_autograd=True):
+    cg = torch.compile(g, backend=cnt)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        grad = cg(torch.ones(2, 4))
+print(json.dumps({"grad": grad.tolist(), "frames": cnt.frame_count,
+                  "graph_breaks": dict(counters["graph_break"]),
+                  "captures": counters["compiled_autograd"]["captures"],
+                  "warnings": sorted({str(w.message)[:120] for w in seen}),
+                  "in_c": torch_aot_rt.stats()["dynamo_compile_wrapper"].get("built")}))
+"""
+
+
+@pytest.mark.cpp_independent  # fresh interpreters, with and without the import's effect
+def test_compile_inside_a_compiled_region_is_not_traced():
+    """A torch.compile made while a compiled region runs (compiled autograd
+    compiles the backward of a .backward() inside a compiled function): the
+    frames of the package that wraps torch.compile are skipped by Dynamo as
+    upstream's own are, so the graph breaks, the warnings and the results
+    are those of a process where the import changed nothing."""
+    import json
+    import os
+
+    import _fresh_python as fresh_python
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def run(flag):
+        env = {k: v for k, v in os.environ.items() if k != "TORCH_AOT_RT"}
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        if flag is not None:
+            env["TORCH_AOT_RT"] = flag
+        proc = fresh_python.run(_COMPILE_INSIDE, env=env, cwd=root, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    upstream, ours = run("0"), run(None)
+    assert ours.pop("in_c") >= 1 and upstream.pop("in_c") is None
+    D.assert_same(upstream, ours)

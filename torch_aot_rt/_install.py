@@ -419,6 +419,18 @@ def install() -> None:
             _state.installed["disable"] = _state.internal_error(e)
         replaced = _replace_runtime(rw) + _replace_layers(rw)
         _state.installed["replaced"] = replaced
+        _skip_in_dynamo()
+
+
+def _skip_in_dynamo() -> None:
+    """Dynamo skips this package's frames as it skips the files of torch's
+    that they stand in for (``_TorchDynamoContext.__call__``'s wrapper, the
+    builders): a frame of ours that runs while its callback is set (a
+    torch.compile inside a compiled region, compiled autograd's) is then
+    run, not traced, as upstream's is."""
+    import torch._dynamo.trace_rules as trace_rules
+
+    trace_rules.add(__package__)
 
 
 def uninstall() -> None:
