@@ -402,3 +402,20 @@ def test_compile_inside_a_compiled_region_is_not_traced():
     upstream, ours = run("0"), run(None)
     assert ours.pop("in_c") >= 1 and upstream.pop("in_c") is None
     D.assert_same(upstream, ours)
+
+
+def test_calls_with_keywords():
+    """Positional and keyword arguments reach the function as upstream's
+    compile_wrapper passes them (CPython 3.11: its code hands C the frame's
+    args tuple and kwargs dict)."""
+    def g(x, scale=2.0, *, shift=0):
+        return x * scale + shift
+
+    def program(on):
+        c = compile_(g, on, backend="eager")
+        return [c(X).tolist(), c(X, 3.0).tolist(), c(X, scale=4.0).tolist(),
+                c(X, shift=1, scale=5.0).tolist(), c(x=X).tolist(),
+                _error_record(lambda: c(X, bad=1))["type"]]
+
+    _, in_c = differential(program)
+    assert in_c >= 5

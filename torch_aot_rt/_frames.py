@@ -176,14 +176,18 @@ def stub(code: types.CodeType, at: Position, constant, globals_: dict):
 
 def trampoline(code: types.CodeType, at_call: Position, exits: list, globals_: dict):
     """CPython 3.11: the code of a function whose calls C runs. Its one
-    frame calls the C object (the placeholder constant) at ``at_call``,
+    frame calls the C object (the placeholder constant) at ``at_call``, with
+    the frame's ``args`` tuple and ``kwargs`` dict,
     which returns the result or raises from there; or returns itself, and
     the exception it keeps is then raised by ``f._exit(k)`` at the
     position of exit k (``exits``: ``(k, Position)``, in order), so that the
     traceback entry is the one upstream's frame gives at that exit. None
     where it cannot be laid out."""
-    _, args = _parameters(code)
-    steps = [(at_call, "r = ", f"f({args}"), "if r is not f: return r"]
+    # the frame's args and kwargs, passed as they are (the C object takes the
+    # tuple and the dict): compile_wrapper's parameters are (*args, **kwargs)
+    if _parameters(code)[0] != "*args, **kwargs":
+        return None
+    steps = [(at_call, "r = ", "f(args, kwargs"), "if r is not f: return r"]
     steps += [(at, "", f"f._exit({k}") for k, at in exits]
     steps.append("return f._exit(-1)")
     fn = _function(code, steps, None, globals_)

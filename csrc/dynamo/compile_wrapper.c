@@ -1020,11 +1020,18 @@ compile_wrapper_call(PyObject *fn, PyObject *const *argv, size_t nargsf, PyObjec
 }
 
 /* CPython 3.11: the trampoline (the function's code) calls its
- * CompileWrapper with the function's arguments. */
+ * CompileWrapper with the function's (args, kwargs), the tuple and dict its
+ * frame received: passed on as the call's arguments without building them
+ * again. */
 static PyObject *
 CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObject *kwnames)
 {
     CompileWrapper *state = (CompileWrapper *)op;
+    if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 2 || !PyTuple_CheckExact(argv[0]) ||
+        !PyDict_CheckExact(argv[1])) {
+        PyErr_SetString(PyExc_TypeError, "CompileWrapper(args, kwargs): a tuple and a dict");
+        return NULL;
+    }
     rt_state *st = PyModule_GetState(state->module);
     PyObject *fn = state->weakref != NULL ? rt_weakref_get(state->weakref) : NULL;
     if (fn == NULL || !PyFunction_Check(fn)) {
@@ -1033,7 +1040,33 @@ CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
                         "torch_aot_rt: a compile_wrapper's code called without its function");
         return NULL;
     }
-    PyObject *result = run(st, fn, state, argv, nargsf, kwnames);
+    PyObject *args = argv[0], *kwargs = argv[1], *result;
+    Py_ssize_t n = PyTuple_GET_SIZE(args), m = PyDict_GET_SIZE(kwargs);
+    if (m == 0) {
+        result = run(st, fn, state, ((PyTupleObject *)args)->ob_item, (size_t)n, NULL);
+    }
+    else {
+        PyObject **stack = PyMem_Malloc((size_t)(n + m) * sizeof(PyObject *));
+        PyObject *names = stack != NULL ? PyTuple_New(m) : NULL;
+        result = NULL;
+        if (names != NULL) {
+            Py_ssize_t pos = 0, i = 0;
+            PyObject *key, *value;
+            for (Py_ssize_t k = 0; k < n; k++) {
+                stack[k] = PyTuple_GET_ITEM(args, k);
+            }
+            while (PyDict_Next(kwargs, &pos, &key, &value)) {
+                PyTuple_SET_ITEM(names, i, Py_NewRef(key));
+                stack[n + i++] = value; /* borrowed: the dict holds them for the call */
+            }
+            result = run(st, fn, state, stack, (size_t)n, names);
+        }
+        else if (stack == NULL) {
+            PyErr_NoMemory();
+        }
+        Py_XDECREF(names);
+        PyMem_Free(stack);
+    }
     Py_DECREF(fn);
     return result;
 }
