@@ -340,8 +340,10 @@ def test_inner_layers_leave_no_frames():
 
     def c_layer(entry):
         path, name, _ = entry
-        return "torch/_functorch/" in path or (path.endswith("_dynamo/eval_frame.py")
-                                               and name == "_fn")
+        return ("torch/_functorch/" in path
+                or (path.endswith("_dynamo/eval_frame.py") and name == "_fn")
+                # through 2.13 Function.apply is a Python classmethod
+                or (path.endswith("torch/autograd/function.py") and name == "apply"))
 
     for requires_grad in (False, True):
         upstream, ours = entries(False, requires_grad), entries(True, requires_grad)

@@ -874,6 +874,13 @@ def test_replaced_and_restored():
 # no Python frame of torch/_functorch/ in a steady-state call
 
 
+def _is_pytree_thunk_method(frame) -> bool:
+    qualname = getattr(frame.f_code, "co_qualname", None)  # CPython 3.11 on
+    if qualname is not None:
+        return qualname.startswith("PytreeThunk.")
+    return type(frame.f_locals.get("self")).__name__ == "PytreeThunk"
+
+
 def _functorch_frames(call) -> list:
     """The Python functions of AOTAutograd's runtime (torch/_functorch/_aot_autograd/)
     that ``call()`` runs (aot_function's own pytree layer, aot_autograd.py's
@@ -883,7 +890,7 @@ def _functorch_frames(call) -> list:
     def profile(frame, event, arg):
         path = frame.f_code.co_filename.replace("\\", "/")
         if (event == "call" and "torch/_functorch/_aot_autograd/" in path
-                and not frame.f_code.co_qualname.startswith("PytreeThunk.")):
+                and not _is_pytree_thunk_method(frame)):
             seen.append(frame.f_code.co_name)
 
     sys.setprofile(profile)
