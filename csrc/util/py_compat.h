@@ -12,8 +12,8 @@
  * - dict versions (PEP 509, ma_version_tag): deprecated in 3.12, removed in
  *   3.14; from 3.12 a dict watcher stands in (RT_PY_DICT_WATCHERS,
  *   util/dict_version.h).
- * - tp_version_tag: on every version; its validity flag goes in 3.14
- *   (rt_type_tag_valid).
+ * - tp_version_tag: on every version; its validity flag is only
+ *   needed on 3.10 and is not kept in step from 3.13 (rt_type_tag_valid).
  * - PyThreadState_GetID: public from 3.9.
  * - a function's vectorcall: PyFunction_SetVectorcall from 3.12, the field
  *   itself before (rt_function_set_vectorcall). The default one
@@ -55,15 +55,17 @@ rt_type_dict(PyTypeObject *tp)
 }
 
 /* tp has a valid version tag (tp_version_tag changes whenever tp or a class
- * of its MRO changes). Up to 3.13 a flag says so; a tag of 0 is never
- * valid. */
+ * of its MRO changes). 3.11: a change sets the tag to 0, never a valid one,
+ * and from 3.13 the interpreter no longer keeps Py_TPFLAGS_VALID_VERSION_TAG
+ * in step with the tag (seen: a valid tag without the flag), so the tag
+ * alone says it; 3.10 clears only the flag, which must then be set too. */
 static inline int
 rt_type_tag_valid(PyTypeObject *tp)
 {
-#ifdef Py_TPFLAGS_VALID_VERSION_TAG
-    return (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && tp->tp_version_tag != 0;
-#else
+#if PY_VERSION_HEX >= 0x030B0000
     return tp->tp_version_tag != 0;
+#else
+    return (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && tp->tp_version_tag != 0;
 #endif
 }
 
