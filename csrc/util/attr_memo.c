@@ -2,6 +2,7 @@
 #include "util/attr_memo.h"
 
 #include "util/dict_version.h"
+#include "util/py_compat.h"
 
 void
 rt_attr_memo_clear(rt_attr_memo *m)
@@ -43,8 +44,8 @@ memoizable(PyObject *obj, PyObject *const *names, int n, PyObject **dict)
 {
     PyTypeObject *tp = Py_TYPE(obj);
     *dict = NULL;
-    if (tp->tp_getattro != PyObject_GenericGetAttr ||
-        !rt_type_tag_valid(tp) || tp->tp_dictoffset == 0) {
+    if (tp->tp_getattro != PyObject_GenericGetAttr || !rt_type_tag_valid(tp) ||
+        tp->tp_dictoffset == 0 || !rt_instance_writes_reach_dict(tp)) {
         return 0;
     }
     for (int i = 0; i < n; i++) {

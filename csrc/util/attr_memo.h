@@ -16,10 +16,12 @@
  * versions, reads with PyObject_GetAttr every time.
  *
  * The instance dict is taken with PyObject_GenericGetDict: where CPython
- * keeps the attributes inline (3.11's managed dicts), that makes the object
- * use a dict from then on, with the same attributes, and makes Python's own
- * reads of it slower (its attribute-read specializations are for inline
- * values). So a memo is only for objects no Python reads per call once the
+ * keeps the attributes inline (3.11's and 3.12's managed dicts), that makes
+ * the object use a dict from then on, with the same attributes, and makes
+ * Python's own reads of it slower (its attribute-read specializations are
+ * for inline values). From 3.13 an object whose values are inline keeps
+ * them there, shared with the dict, and a write reaches no dict watcher:
+ * such objects are read each time (py_compat.h). So a memo is only for objects no Python reads per call once the
  * C path runs: the context is read per call only by compile_wrapper. The
  * stance and config entries, which upstream's Python reads on every call of
  * a function compiled without us, are read each time (memoized, they cost

@@ -69,6 +69,22 @@ rt_type_tag_valid(PyTypeObject *tp)
 #endif
 }
 
+/* A write of an attribute of an instance of tp changes its instance dict
+ * (taken with PyObject_GenericGetDict), so that the dict's version tells
+ * it. 3.13: instances whose values live inline keep them there after their
+ * dict is taken (the dict shares them), and a write reaches no dict
+ * watcher; before, taking the dict moves the values into it. */
+static inline int
+rt_instance_writes_reach_dict(PyTypeObject *tp)
+{
+#ifdef Py_TPFLAGS_INLINE_VALUES
+    return !(tp->tp_flags & Py_TPFLAGS_INLINE_VALUES);
+#else
+    (void)tp;
+    return 1;
+#endif
+}
+
 /* Makes calls of the function fn run `call` (which must do what the
  * function does). 3.12: PyFunction_SetVectorcall, which also keeps the
  * interpreter's call specializations from inlining fn's frame; before,
