@@ -7,6 +7,7 @@
  */
 
 #include "fn_object.h"
+#include "plan.h"
 #include "aot/autograd_function.h"
 #include "aot/runtime_wrapper.h"
 #include "aot/wrappers.h"
@@ -207,7 +208,8 @@ module_exec(PyObject *module)
     if (st->RuntimeWrapperType == NULL) {
         return -1;
     }
-    if (PyModule_AddStringConstant(module, "FRAME_PLACEHOLDER", RT_FRAME_PLACEHOLDER) < 0 ||
+    if (rt_plan_constants_add(module) < 0 || rt_subclass_constants_add(module) < 0 ||
+        PyModule_AddStringConstant(module, "FRAME_PLACEHOLDER", RT_FRAME_PLACEHOLDER) < 0 ||
         PyModule_AddIntConstant(module, "FUNCTION_CALLS_INLINED", RT_PY_INLINES_FUNCTION_CALLS) < 0 ||
         PyModule_AddType(module, st->RuntimeWrapperType) < 0) {
         return -1;

@@ -487,3 +487,27 @@ rt_plan_clear(rt_plan *plan)
     plan->n_outputs = plan->n_dynamic = 0;
     plan->num_mutated = 0;
 }
+
+int
+rt_plan_constants_add(PyObject *module)
+{
+    /* what a plan is written with (torch_aot_rt/_kinds.py reads them) */
+    static const struct {
+        const char *name;
+        int value;
+    } constants[] = {
+        {"MUT_SKIP", RT_MUT_SKIP}, {"MUT_SET", RT_MUT_SET}, {"MUT_METADATA", RT_MUT_METADATA},
+        {"MUT_DATA", RT_MUT_DATA}, {"MUT_AS_STRIDED_FIRST", RT_MUT_AS_STRIDED_FIRST},
+        {"MUT_LEAF", RT_MUT_LEAF}, {"MUT_STREAM_ERROR", RT_MUT_STREAM_ERROR},
+        {"MUT_LEAF_STREAM_ERROR", RT_MUT_LEAF_STREAM_ERROR},
+        {"OUT_PASS", RT_OUT_PASS}, {"OUT_IS_INPUT", RT_OUT_IS_INPUT},
+        {"OUT_ALIAS_OF_INPUT", RT_OUT_ALIAS_OF_INPUT},
+        {"OUT_ALIAS_OF_INTERMEDIATE", RT_OUT_ALIAS_OF_INTERMEDIATE},
+    };
+    for (size_t i = 0; i < sizeof(constants) / sizeof(constants[0]); i++) {
+        if (PyModule_AddIntConstant(module, constants[i].name, constants[i].value) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}

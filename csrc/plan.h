@@ -13,7 +13,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* Keep in sync with torch_aot_rt/_plan.py. */
+/* Exported to Python as _C.MUT_* and _C.OUT_* (rt_plan_constants_add), which
+ * torch_aot_rt/_kinds.py hands on to the plan builders. */
 enum rt_mutation_kind {       /* the branches of _apply_input_mutations */
     RT_MUT_SKIP = 0,          /* neither data nor metadata mutated */
     RT_MUT_SET = 1,           /* mutates_storage_metadata: set_ under no_grad */
@@ -127,5 +128,8 @@ int rt_plan_bool_mask(PyObject *kwargs, const char *key, Py_ssize_t *n, bool **o
 
 int rt_plan_traverse(rt_plan *plan, visitproc visit, void *arg);
 void rt_plan_clear(rt_plan *plan);
+
+/* Adds the enums above to the module, by name without the RT_ prefix. */
+int rt_plan_constants_add(PyObject *module);
 
 #endif

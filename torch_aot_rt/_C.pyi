@@ -9,6 +9,35 @@ FRAME_PLACEHOLDER: str
 # whether the interpreter runs a Python function's frame without its vectorcall
 # (CPython 3.11): a compiled function then runs a trampoline as its code
 FUNCTION_CALLS_INLINED: int
+# a runtime-wrapper plan's kinds (csrc/plan.h) and the subclass program's
+MUT_SKIP: int
+MUT_SET: int
+MUT_METADATA: int
+MUT_DATA: int
+MUT_AS_STRIDED_FIRST: int
+MUT_LEAF: int
+MUT_STREAM_ERROR: int
+MUT_LEAF_STREAM_ERROR: int
+OUT_PASS: int
+OUT_IS_INPUT: int
+OUT_ALIAS_OF_INPUT: int
+OUT_ALIAS_OF_INTERMEDIATE: int
+SC_ARG: int
+SC_NONE: int
+SC_LOAD_CHECKED: int
+SC_GETATTR: int
+SC_APPEND_ATTR: int
+SC_APPEND: int
+SC_SIZE: int
+SC_STRIDE: int
+SC_OUT: int
+SC_OPT_SKIP: int
+SC_DICT: int
+SC_TUPLE: int
+SC_UNFLATTEN: int
+SC_TAIL_NONE: int
+SC_TAIL_FROM: int
+SC_TAIL_FROM_END: int
 
 # ---- binding torch, once (torch_aot_rt/_install.py and the layers' shims) ----
 def _bind_torch(*, opaque_type_check: str, opaque_base: str | None,

@@ -121,61 +121,35 @@ def stats() -> dict:
     }
     cpp_module, cpp_reason = _state.cpp()
     out["cpp"] = {"module": cpp_module, "reason": cpp_reason}
-    out["cpp_node"] = _node_stats()
-    out["cpp_epilogue"] = _epilogue_stats()
-    out["dynamo_disable"] = _disable_stats()
+    for key, name in _C_COUNTERS:
+        out[key] = _c_stats(name)
     out["dynamo_disable"]["unavailable"] = _state.disable_unavailable()
-    out["dynamo_bytecode_helpers"] = _helper_stats()
-    out["inductor_graph_call"] = _graph_call_stats()
-    out["dynamo_compile_wrapper"] = _compile_wrapper_stats()
-    out["config_reads"] = _config_read_stats()
     return out
 
 
-def _c_stats(name: str, reset: bool) -> dict:
+# stats()'s keys that the C core counts, and its function that answers each
+_C_COUNTERS = (
+    ("cpp_node", "_node_stats"),
+    ("cpp_epilogue", "_epilogue_stats"),
+    ("dynamo_disable", "_disable_stats"),
+    ("dynamo_bytecode_helpers", "_helper_stats"),
+    ("inductor_graph_call", "_graph_call_stats"),
+    ("dynamo_compile_wrapper", "_compile_wrapper_stats"),
+    ("config_reads", "_config_read_stats"),
+)
+
+
+def _c_stats(name: str, reset: bool = False) -> dict:
     """One of the C core's counters, or {} where the extension is not loaded
     (the gate closed before loading it: nothing of ours ran)."""
     c = sys.modules.get(__name__ + "._C")
     return {} if c is None else getattr(c, name)(reset)
 
 
-def _node_stats(reset: bool = False) -> dict:
-    return _c_stats("_node_stats", reset)
-
-
-def _epilogue_stats(reset: bool = False) -> dict:
-    return _c_stats("_epilogue_stats", reset)
-
-
-def _disable_stats(reset: bool = False) -> dict:
-    return _c_stats("_disable_stats", reset)
-
-
-def _helper_stats(reset: bool = False) -> dict:
-    return _c_stats("_helper_stats", reset)
-
-
-def _graph_call_stats(reset: bool = False) -> dict:
-    return _c_stats("_graph_call_stats", reset)
-
-
-def _compile_wrapper_stats(reset: bool = False) -> dict:
-    return _c_stats("_compile_wrapper_stats", reset)
-
-
-def _config_read_stats(reset: bool = False) -> dict:
-    return _c_stats("_config_read_stats", reset)
-
-
 def reset_stats() -> None:
     _state.reset_counters()
-    _node_stats(reset=True)
-    _epilogue_stats(reset=True)
-    _disable_stats(reset=True)
-    _helper_stats(reset=True)
-    _graph_call_stats(reset=True)
-    _compile_wrapper_stats(reset=True)
-    _config_read_stats(reset=True)
+    for _, name in _C_COUNTERS:
+        _c_stats(name, reset=True)
 
 
 if os.environ.get("TORCH_AOT_RT", "1").strip().lower() not in ("0", "false", "off", "no"):

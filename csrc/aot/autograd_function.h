@@ -23,6 +23,8 @@ extern PyType_Spec ApplyBoxed_spec;
 extern PyType_Spec SerializableCall_spec;
 extern PyType_Spec ParamsPrepend_spec;
 extern PyType_Spec SubclassWrapper_spec;
+/* Adds the subclass program's instruction and tail kinds (_C.SC_*). */
+int rt_subclass_constants_add(PyObject *module);
 
 /* Creates AOTAutograd's function-like types into the module state. */
 int rt_autograd_types_init(PyObject *module, rt_state *st);

@@ -84,6 +84,30 @@ typedef struct {
 /* how the activations saved for backward are returned after the outputs */
 enum sc_tail { SC_TAIL_NONE = 0, SC_TAIL_FROM = 1, SC_TAIL_FROM_END = 2 };
 
+int
+rt_subclass_constants_add(PyObject *module)
+{
+    /* what the program is written with (torch_aot_rt/_kinds.py reads them) */
+    static const struct {
+        const char *name;
+        int value;
+    } constants[] = {
+        {"SC_ARG", SC_ARG}, {"SC_NONE", SC_NONE}, {"SC_LOAD_CHECKED", SC_LOAD_CHECKED},
+        {"SC_GETATTR", SC_GETATTR}, {"SC_APPEND_ATTR", SC_APPEND_ATTR},
+        {"SC_APPEND", SC_APPEND}, {"SC_SIZE", SC_SIZE}, {"SC_STRIDE", SC_STRIDE},
+        {"SC_OUT", SC_OUT}, {"SC_OPT_SKIP", SC_OPT_SKIP}, {"SC_DICT", SC_DICT},
+        {"SC_TUPLE", SC_TUPLE}, {"SC_UNFLATTEN", SC_UNFLATTEN},
+        {"SC_TAIL_NONE", SC_TAIL_NONE}, {"SC_TAIL_FROM", SC_TAIL_FROM},
+        {"SC_TAIL_FROM_END", SC_TAIL_FROM_END},
+    };
+    for (size_t i = 0; i < sizeof(constants) / sizeof(constants[0]); i++) {
+        if (PyModule_AddIntConstant(module, constants[i].name, constants[i].value) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 typedef struct {
     RT_FN_HEAD
     PyObject *compiled_fn;

@@ -330,7 +330,7 @@ PyObject* process_outputs(const NodePtr<CompiledFunctionNode>& node,
   if (is_executable) {
     cdata = node;
   }
-#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14
+#if RT_WRAP_OUTPUTS_ATTACHES_NODE
   NodePtr<Node> attached_node;
   auto wrapped = torch::autograd::_wrap_outputs(input_vars, non_differentiable, {},
                                                 raw_output_vars, cdata, jvp_fn, {},
@@ -391,7 +391,7 @@ PyObject* process_outputs(const NodePtr<CompiledFunctionNode>& node,
       }
     }
   }
-#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14
+#if RT_WRAP_OUTPUTS_ATTACHES_NODE
   // torch.autograd.graph node-creation hooks, once the node is complete
   if (is_executable && attached_node) {
     torch::autograd::fire_node_creation_hooks(attached_node);

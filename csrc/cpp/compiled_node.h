@@ -3,16 +3,10 @@
 #pragma once
 
 #include <Python.h>
-#include <torch/headeronly/version.h>
 
-// The node's grad_fn has _input_grad_buffers / input_grad_buffers (a ctx
-// attribute since torch 2.15, over torch::autograd::
-// get_current_input_grad_buffers, declared in graph_task.h from 2.15 on).
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
-#define RT_HAS_INPUT_GRAD_BUFFERS 1
-#else
-#define RT_HAS_INPUT_GRAD_BUFFERS 0
-#endif
+// RT_HAS_INPUT_GRAD_BUFFERS: the node's grad_fn has _input_grad_buffers /
+// input_grad_buffers (torch 2.15 on)
+#include "torch_headers.h"
 
 PyObject* rt_node_apply(PyObject* cls, PyObject* args, int* declined) noexcept;
 int rt_node_check(PyObject* obj) noexcept;

@@ -9,21 +9,16 @@
 // against NodePtr / WeakNodePtr / make_node / face_owns_node and never tests
 // a version: where the ownership makes it a different program (who owns the
 // grad_fn, where the ctx state lives, how the backward is called), it
-// branches on the two facts defined here, RT_NODE_INTRUSIVE and
-// RT_NODE_BOXED_BACKWARD.
+// branches on the two facts it reads here, RT_NODE_INTRUSIVE (from
+// torch_headers.h) and RT_NODE_BOXED_BACKWARD.
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/python_cpp_function.h>
-#include <torch/headeronly/version.h>
 
 #include <memory>
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
-#define RT_NODE_INTRUSIVE 1  // torch >= 2.13: c10::intrusive_ptr<Node>
-#else
-#define RT_NODE_INTRUSIVE 0  // torch 2.11, 2.12: std::shared_ptr<Node>
-#endif
+#include "torch_headers.h"  // RT_NODE_INTRUSIVE: torch >= 2.13 (intrusive_ptr<Node>)
 
 // How PyNode calls the backward, which changed with the same release:
 // 2.13 on, ctx.apply_boxed(grads) for a Function with boxed_grads_call
