@@ -91,69 +91,71 @@ set_cpp_routes(PyObject *module, PyObject *flag)
 
 static PyMethodDef module_methods[] = {
     {"_set_cpp_routes", set_cpp_routes, METH_O,
-     PyDoc_STR("_set_cpp_routes(flag) -> whether the C++ part is loaded\nBenchmarks only: "
+     PyDoc_STR("_set_cpp_routes($module, flag, /)\n--\n\nWhether the C++ part is loaded. Benchmarks only: "
                "the C core uses the C++ part (True) or runs alone (False).")},
     {"_node_stats", (PyCFunction)(void (*)(void))node_stats, METH_FASTCALL,
-     PyDoc_STR("_node_stats(reset=False)\nCompiledFunction calls by the C++ node's decision: "
+     PyDoc_STR("_node_stats($module, reset=False, /)\n--\n\nCompiledFunction calls by the C++ node's decision: "
                "'taken', or why upstream's Function.apply ran; reset zeroes the counts.")},
     {"_epilogue_stats", (PyCFunction)(void (*)(void))epilogue_stats, METH_FASTCALL,
-     PyDoc_STR("_epilogue_stats(reset=False)\nThe runtime wrapper epilogue's tensor "
+     PyDoc_STR("_epilogue_stats($module, reset=False, /)\n--\n\nThe runtime wrapper epilogue's tensor "
                "operations by route while the C++ part is in use: 'taken' by it, or why "
                "the Python method ran; reset zeroes the counts.")},
     {"_bind_disable", (PyCFunction)(void (*)(void))rt_bind_disable,
      METH_VARARGS | METH_KEYWORDS,
-     PyDoc_STR("_bind_disable(*, fn_code, fn_cell, ctx_cell, DisableContext, eval_frame, "
-               "torch, compiler, set_eval_frame, callback_from_stance, is_exporting, "
-               "skips_none_callback)\nWhat DisabledCall reads, once the shim has verified "
+     PyDoc_STR("_bind_disable($module, /, *, fn_code, fn_cell, ctx_cell, DisableContext, "
+               "eval_frame, torch, compiler, set_eval_frame, callback_from_stance, "
+               "is_exporting, skips_none_callback)\n--\n\nWhat DisabledCall reads, once the "
+               "shim has verified "
                "torch._dynamo.disable's wrapper (torch_aot_rt/_disable.py).")},
     {"_disable_stats", (PyCFunction)(void (*)(void))rt_disable_stats, METH_FASTCALL,
-     PyDoc_STR("_disable_stats(reset=False)\nCompiled backwards given the C disable wrapper "
+     PyDoc_STR("_disable_stats($module, reset=False, /)\n--\n\nCompiled backwards given the C disable wrapper "
                "(or why not), and its calls by path; reset zeroes the counts.")},
     {"_disable_wrapper_for", rt_disable_wrapper_for_py, METH_O,
-     PyDoc_STR("_disable_wrapper_for(obj)\nobj, or a DisabledCall over it when it is a "
+     PyDoc_STR("_disable_wrapper_for($module, obj, /)\n--\n\nobj, or a DisabledCall over it when it is a "
                "torch._dynamo.disable wrapper (once _bind_disable() verified them); counted "
                "in _disable_stats().")},
     {"_bind_compile_wrapper", (PyCFunction)(void (*)(void))rt_bind_compile_wrapper,
      METH_VARARGS | METH_KEYWORDS,
-     PyDoc_STR("_bind_compile_wrapper(**what Dynamo's compile_wrapper reads)\nBind the C "
+     PyDoc_STR("_bind_compile_wrapper($module, /, **kwargs)\n--\n\nBind the C "
                "compile_wrapper's state once the shim verified it.")},
     {"_compile_wrapper_for", rt_compile_wrapper_for, METH_O,
-     PyDoc_STR("_compile_wrapper_for(wrapper)\nwrapper, its calls run in C from now on "
+     PyDoc_STR("_compile_wrapper_for($module, wrapper, /)\n--\n\nwrapper, its calls run in C from now on "
                "where it is the verified compile_wrapper (counted).")},
     {"_is_c_compile_wrapper", rt_is_c_compile_wrapper_py, METH_O,
-     PyDoc_STR("_is_c_compile_wrapper(obj)\nWhether obj is a compile_wrapper function whose "
+     PyDoc_STR("_is_c_compile_wrapper($module, obj, /)\n--\n\nWhether obj is a compile_wrapper function whose "
                "calls C runs.")},
     {"_reraise", (PyCFunction)(void (*)(void))rt_reraise, METH_VARARGS | METH_KEYWORDS,
-     PyDoc_STR("_reraise(*args, **kwargs)\nRaise the exception kept for this thread's frame "
+     PyDoc_STR("_reraise($module, *args, **kwargs)\n--\n\nRaise the exception kept for this thread's frame "
                "stub as it is (its traceback goes on, no context is set): what a frame stub "
                "calls (torch_aot_rt/_frames.py).")},
     {"_bind_config_read", (PyCFunction)(void (*)(void))rt_bind_config_read,
      METH_VARARGS | METH_KEYWORDS,
-     PyDoc_STR("_bind_config_read(ConfigModule, *, attribute_overrides=False)\nRead the "
+     PyDoc_STR("_bind_config_read($module, config_module, /, *, attribute_overrides=False)\n--\n\nRead the "
                "config settings the layers read "
                "per call in C, as ConfigModule.__getattr__ returns them (once the shim "
                "checked the release mirrors it).")},
     {"_config_read", (PyCFunction)(void (*)(void))rt_config_read_py, METH_FASTCALL,
-     PyDoc_STR("_config_read(config, name)\nconfig.<name> as the layers read it per call.")},
+     PyDoc_STR("_config_read($module, config, name, /)\n--\n\nconfig.<name> as the layers read it per call.")},
     {"_config_read_stats", (PyCFunction)(void (*)(void))rt_config_read_stats, METH_FASTCALL,
-     PyDoc_STR("_config_read_stats(reset=False)\nConfig settings read per call, in C or by "
+     PyDoc_STR("_config_read_stats($module, reset=False, /)\n--\n\nConfig settings read per call, in C or by "
                "Python's attribute read; reset zeroes the counts.")},
     {"_compile_wrapper_stats", (PyCFunction)(void (*)(void))rt_cw_stats, METH_FASTCALL,
-     PyDoc_STR("_compile_wrapper_stats(reset=False)\nCompileWrappers built and their calls "
+     PyDoc_STR("_compile_wrapper_stats($module, reset=False, /)\n--\n\nCompileWrappers built and their calls "
                "by path; reset zeroes the counts.")},
     {"_graph_call_mark", rt_graph_call_mark, METH_O,
-     PyDoc_STR("_graph_call_mark(graph)\nLet graph's calls run in C (compiled with the C "
+     PyDoc_STR("_graph_call_mark($module, graph, /)\n--\n\nLet graph's calls run in C (compiled with the C "
                "runtime on).")},
     {"_graph_call_stats", (PyCFunction)(void (*)(void))rt_graph_call_stats, METH_FASTCALL,
-     PyDoc_STR("_graph_call_stats(reset=False)\nCalls of the C CompiledFxGraph.__call__ by "
+     PyDoc_STR("_graph_call_stats($module, reset=False, /)\n--\n\nCalls of the C CompiledFxGraph.__call__ by "
                "path; reset zeroes the counts.")},
     {"_helper_stats", (PyCFunction)(void (*)(void))rt_helper_stats, METH_FASTCALL,
-     PyDoc_STR("_helper_stats(reset=False)\nCalls of the C torch._dynamo.utils helpers "
+     PyDoc_STR("_helper_stats($module, reset=False, /)\n--\n\nCalls of the C torch._dynamo.utils helpers "
                "(record_pregraph_bytecode_enter/exit, call_size, call_stride, "
                "call_storage_offset) by path; reset zeroes the counts.")},
     {"_bind_torch", (PyCFunction)(void (*)(void))bind_torch, METH_VARARGS | METH_KEYWORDS,
-     PyDoc_STR("_bind_torch(*, opaque_type_check, opaque_base, external_objects, "
-               "external_objects_type, external_objects_setter, input_grad_buffers, cpp)\n"
+     PyDoc_STR("_bind_torch($module, /, *, opaque_type_check, opaque_base, external_objects, "
+               "external_objects_type, external_objects_setter, input_grad_buffers, cpp=None)"
+               "\n--\n\n"
                "Look up the torch callables the C runtime uses (once per process), "
                "with the names the installed release gives what changed (external_objects "
                "an exact 'dict' or 'list'; the setter None where the backward stores "
