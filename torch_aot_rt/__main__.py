@@ -46,11 +46,13 @@ def _self_check(torch_aot_rt) -> tuple[bool, str]:
             for u, o in zip(us, os_))
         for us, os_ in zip(upstream, ours)
     )
-    built = after["runtime_wrappers"] - before["runtime_wrappers"]
     calls = (after["dynamo_compile_wrapper"].get("calls in C", 0)
              - before["dynamo_compile_wrapper"].get("calls in C", 0))
-    return same, (f"{built} runtime wrapper(s) built in C, {calls} of 3 calls of the "
-                  "compiled function in C")
+    fallbacks = {k: n - before["fallback_reasons"].get(k, 0)
+                 for k, n in after["fallback_reasons"].items()
+                 if n != before["fallback_reasons"].get(k, 0)}
+    why = "; ".join(f"{n} x {k}" for k, n in fallbacks.items()) or "none"
+    return same, f"{calls} of 3 calls of the compiled function in C; fallbacks: {why}"
 
 
 def _built_from() -> str:
