@@ -169,6 +169,7 @@ def cpp_part():
             '-DRT_BUILT_TORCH_VERSION="%s"' % version,
         ]
         + (["-include", BREAK_HEADER] if break_cpp else [])
+        + _no_speculative_devirtualization()
         + common,
         library_dirs=[lib],
         libraries=["c10", "torch_cpu", "torch_python"],
@@ -179,6 +180,39 @@ def cpp_part():
         optional=True,
     )
     return CppPlan(ident, record, ext=ext)
+
+
+def _no_speculative_devirtualization():
+    """GCC guesses the dynamic type of a virtual call and compares the object's
+    vtable with its guess's (speculative devirtualization): from a header's
+    inline code (Node::metadata -> Engine::make_anomaly_metadata) that names
+    a vtable torch's libraries do not export (PyAnomalyMetadata's, torch 2.11
+    and 2.12), and the module does not load. Off for GCC; clang does not
+    guess so."""
+    import sysconfig
+
+    cxx = (os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "").split()
+    name = os.path.basename(cxx[0]) if cxx else ""
+    return [] if "clang" in name else ["-fno-devirtualize-speculatively"]
+
+
+def module_load_failure(name, path, torch_dir):
+    """Why the built C++ part at path does not load into this interpreter with
+    its torch (a symbol torch's libraries lack, ...), or None: checked in a
+    fresh interpreter, as the loader will import it."""
+    import subprocess
+
+    script = (
+        "import importlib.util, sys, torch\n"
+        "spec = importlib.util.spec_from_file_location(sys.argv[1], sys.argv[2])\n"
+        "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script, name, path], capture_output=True, text=True,
+                       cwd=os.path.dirname(torch_dir))
+    if r.returncode == 0:
+        return None
+    lines = [line for line in r.stderr.strip().splitlines() if line.strip()]
+    return lines[-1][:500] if lines else f"exit status {r.returncode}"
 
 
 def _first_error_line(output):
@@ -268,9 +302,16 @@ class build_ext_cpp_optional(build_ext):
         filename = self.get_ext_filename(fullname)
         built_here = os.path.join(self.build_lib, filename)
         reason = plan.reason or self._cpp_failure
+        version = plan.record["torch_version"]
         if reason is None and not os.path.exists(built_here):
-            version = plan.record["torch_version"]
             reason = f"building the C++ part against torch {version} produced no module"
+        if reason is None and not break_cpp:
+            import torch
+
+            failure = module_load_failure(fullname, os.path.abspath(built_here),
+                                          os.path.dirname(torch.__file__))
+            if failure is not None:
+                reason = f"the C++ part built against torch {version} does not load: {failure}"
         targets = [os.path.dirname(built_here)]
         if self.inplace:  # in-place and editable builds: the tree is where it loads from
             targets.append(os.path.dirname(filename))

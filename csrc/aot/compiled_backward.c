@@ -2,6 +2,7 @@
  * BackwardThunk (its impl_fn) and ApplyBoxed (the backward node's apply_boxed). Mirrors _codegen_compiled_backward,
  * _codegen_backward_prologue, CompiledFunction._backward_impl and
  * _codegen_backward_epilogue (runtime_wrappers.py). */
+#include "util/py_compat.h"
 #include "fn_object.h"
 
 /* ======================================================================
@@ -955,24 +956,31 @@ CompiledBackward_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
     else {
         /* 2.11/2.12: backward(ctx, *flat_args), as BackwardCFunction.apply
          * calls it; anything else is bound (and refused) by upstream's. The
-         * grads stay referenced by the tuple flat_args until the backward
-         * returns, as upstream's *flat_args; the prologue reads them from a
-         * list of our own, which it clears. */
+         * grads stay referenced as upstream's frame references them until
+         * the backward returns: up to 3.11 by the caller's argument tuple and
+         * the callee's *flat_args, here argv's and the tuple flat_args; from
+         * 3.12 by one tuple, here argv's (py_compat.h); the prologue reads
+         * them from a list of our own, which it clears. */
         if (nargs < 1 || kwnames != NULL) {
             return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
         }
         ctx = argv[0];
-        flat_args = PyTuple_New(nargs - 1);
-        if (flat_args == NULL) {
+        if (RT_PY_VARARGS_CALL_KEEPS_CALLER_TUPLE) {
+            flat_args = PyTuple_New(nargs - 1);
+            if (flat_args == NULL) {
+                return NULL;
+            }
+            for (Py_ssize_t i = 1; i < nargs; i++) {
+                PyTuple_SET_ITEM(flat_args, i - 1, Py_NewRef(argv[i]));
+            }
+        }
+        grads = PyList_New(nargs - 1);
+        if (grads == NULL) {
+            Py_XDECREF(flat_args);
             return NULL;
         }
         for (Py_ssize_t i = 1; i < nargs; i++) {
-            PyTuple_SET_ITEM(flat_args, i - 1, Py_NewRef(argv[i]));
-        }
-        grads = PySequence_List(flat_args);
-        if (grads == NULL) {
-            Py_DECREF(flat_args);
-            return NULL;
+            PyList_SET_ITEM(grads, i - 1, Py_NewRef(argv[i]));
         }
     }
     PyObject *saved = NULL, *symints = NULL, *opaque = NULL, *all_args = NULL;

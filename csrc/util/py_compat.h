@@ -107,6 +107,15 @@ rt_function_vectorcall(PyObject *fn)
     return ((PyFunctionObject *)fn)->vectorcall;
 }
 
+/* A Python function called with *args from a Python caller's *args (as
+ * BackwardCFunction.apply calls a Function's backward): up to 3.11 the
+ * caller's argument tuple stays alive through the callee's body beside the
+ * callee's own *args tuple, two references to each argument; from 3.12 the
+ * call releases the former before the body runs, one. A C callee that
+ * stands in for such a Python one holds as many (sys.getrefcount inside,
+ * and what a compiled backward may reuse in place, are the same). */
+#define RT_PY_VARARGS_CALL_KEEPS_CALLER_TUPLE (PY_VERSION_HEX < 0x030C0000)
+
 /* The module's stance, as module slots: one interpreter only (3.12 on: it
  * keeps process-wide state, the dict watcher's table), and the GIL needed
  * (3.13 on; the package never loads it into a free-threaded build). */
