@@ -177,16 +177,23 @@ def _is_wrapper(executable: str) -> bool:
 
 def _valgrind(out_file: str, inner_args: list[str], instr_atstart: bool, script=__file__):
     follow = []
+    env = _env()
     if _is_wrapper(sys.executable):
-        # one dump file per process (the labelled ones are the interpreter's)
+        # one dump file per process (the labelled ones are the interpreter's);
+        # valgrind runs the wrapper by its own path, so the interpreter it
+        # execs does not find the venv: its packages go on the path
+        import site
+
         follow = ["--trace-children=yes"]
         out_file += ".%p"
+        env["PYTHONPATH"] = os.pathsep.join(
+            [p for p in (env.get("PYTHONPATH"), *site.getsitepackages()) if p])
     cmd = [
         "valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", *follow,
         f"--instr-atstart={'yes' if instr_atstart else 'no'}",
         sys.executable, os.path.abspath(script), *inner_args,
     ]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=_env())
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise RuntimeError(
             f"valgrind failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-4000:]}"
