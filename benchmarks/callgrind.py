@@ -313,12 +313,13 @@ def _table(title, per_call, group, names, variants, base):
 
 def write_json(path: str, per_call: dict, calls: int) -> None:
     """The counts of this run, for benchmarks/chart.py: Ir per call by
-    "group|row|variant", and the torch they were measured on."""
+    "group|row|variant", and the torch and CPython they were measured on."""
     from importlib.metadata import version
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
-        json.dump({"torch": version("torch"), "calls": calls,
+        json.dump({"torch": version("torch"), "python": "%d.%d.%d" % sys.version_info[:3],
+                   "calls": calls,
                    "per_call": {"|".join(k): round(v, 1) for k, v in sorted(per_call.items())}},
                   f, indent=1)
         f.write("\n")

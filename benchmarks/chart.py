@@ -1,14 +1,14 @@
-"""The chart that opens docs/benchmarks.md: per verified release, what a call
-costs above its floor (callgrind instructions per call), upstream against C,
-for AOTAutograd's runtime alone and for the whole compiled call.
+"""The chart that opens docs/benchmarks.md: per verified release and CPython,
+what a call costs above its floor (callgrind instructions per call), upstream
+against C, for AOTAutograd's runtime alone and for the whole compiled call.
 
-One callgrind run per release writes its counts (``callgrind.py --json``, the
-rows of ``ROWS`` below), then this draws them, stdlib only (an SVG written by
-hand: no plotting package is needed):
+One callgrind run per (release, CPython) writes its counts (``callgrind.py
+--json``, the rows of ``ROWS`` below), then this draws them, stdlib only (an
+SVG written by hand: no plotting package is needed):
 
     TORCH_AOT_RT_BENCH_E2E_ROWS=rto_inductor_no_grad,rto_inductor_backward,rto_mlp_no_grad \\
-        .venv-2.13/bin/python benchmarks/callgrind.py --calls 300 --cases inference \\
-        --json benchmarks/results/callgrind-2.13.json
+        .venv-2.15-py3.12/bin/python benchmarks/callgrind.py --calls 300 --cases inference \\
+        --json benchmarks/results/callgrind-2.15-py3.12.json
     python3 benchmarks/chart.py benchmarks/results/callgrind-*.json -o docs/overhead.svg
 """
 
@@ -53,16 +53,27 @@ def overheads(result: dict) -> list[tuple[str, str, float, float] | None]:
     return out
 
 
+def _label(result: dict) -> str:
+    """torch X on CPython Y (runs before the CPython was recorded: 3.11.7)."""
+    return f"torch {result['torch']}, CPython {result.get('python', '3.11.7')}"
+
+
+def _order(result: dict) -> list:
+    torch = [int(x) for x in result["torch"].split("+")[0].split(".")[:2]]
+    python = [int(x) for x in result.get("python", "3.11.7").split(".")[:2]]
+    return torch + python
+
+
 def svg(results: list[dict]) -> str:
     """The chart: a block per release, a pair of bars per row (upstream above,
     C below), each bar's length its overhead, labelled with it and C's ratio."""
     bar_h, gap, label_w, plot_w, pad = 11, 9, 270, 420, 12
-    rows = [(r["torch"], overheads(r)) for r in results]
+    rows = [(_label(r), overheads(r)) for r in results]
     scale = max((max(u, c) for _, ovs in rows for o in ovs if o for u, c in [o[2:]]),
                  default=1.0)
     lines, y = [], 44
     for version, ovs in rows:
-        lines.append(f'<text x="{pad}" y="{y}" font-weight="bold">torch {escape(version)}</text>')
+        lines.append(f'<text x="{pad}" y="{y}" font-weight="bold">{escape(version)}</text>')
         y += 8
         panel_seen = None
         for o in ovs:
@@ -103,20 +114,21 @@ def svg(results: list[dict]) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("results", nargs="+", help="callgrind.py --json files, one per release")
+    p.add_argument("results", nargs="+",
+                   help="callgrind.py --json files, one per release and CPython")
     p.add_argument("-o", "--out", required=True, help="the SVG to write")
     args = p.parse_args(argv)
     results = []
     for path in args.results:
         with open(path) as f:
             results.append(json.load(f))
-    results.sort(key=lambda r: [int(x) for x in r["torch"].split("+")[0].split(".")[:2]])
+    results.sort(key=_order)
     with open(args.out, "w") as f:
         f.write(svg(results))
     for r in results:
         for o in overheads(r):
             if o is not None:
-                print(f"{r['torch']:>16}  {o[1]:<40} upstream {o[2]:>9,.0f}  C {o[3]:>9,.0f}"
+                print(f"{_label(r):>34}  {o[1]:<40} upstream {o[2]:>9,.0f}  C {o[3]:>9,.0f}"
                       f"  ratio {o[3] / o[2]:.3f}")
     return 0
 
