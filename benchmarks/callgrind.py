@@ -72,10 +72,16 @@ def build_helper(tmpdir: str) -> str | None:
     return lib if r.returncode == 0 else None
 
 
+_INDUCTOR_CACHE = tempfile.mkdtemp(prefix="torch_aot_rt_callgrind_inductor_")
+
+
 def _env():
     env = dict(os.environ)
     env.setdefault("PYTHONHASHSEED", "0")
     env.setdefault("OMP_NUM_THREADS", "1")
+    # inductor's kernels built here, for valgrind's CPU (AVX2: _e2e.py), not
+    # found in a cache a -march=native build of the same source filled
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", _INDUCTOR_CACHE)
     return env
 
 

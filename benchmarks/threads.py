@@ -9,9 +9,10 @@ remembers each thread's dict of those locals (csrc/thread_local.c), so the
 threads taking turns should cost what one thread does. Runs itself under
 ``valgrind --tool=callgrind`` (as benchmarks/callgrind.py does) and, per
 variant (upstream, C) and thread count (1 and ``--threads``), counts the
-instructions of ``calls`` calls made in a ring: each thread waits for its
-turn, makes one call and hands the turn on; the same ring around a no-op is
-subtracted, so what is left is the calls alone. Before measuring, each ring's
+instructions of ``calls`` calls made in a ring: each thread (inside the
+row's context: grad mode is per thread) waits for its turn, makes one call
+and hands the turn on; the same ring around a no-op is subtracted, so what
+is left is the calls alone. Before measuring, each ring's
 results are checked against the one-thread run's (exact).
 
 Prints a table and, with ``--json PATH``, writes it.
@@ -35,18 +36,20 @@ sys.path.insert(0, ROOT)
 from benchmarks import callgrind  # noqa: E402
 
 
-def ring(run, threads: int, calls: int) -> list:
-    """``calls`` calls of ``run``, taken in turn by ``threads`` threads; the
-    results in call order."""
+def ring(run, threads: int, calls: int, context) -> list:
+    """``calls`` calls of ``run``, taken in turn by ``threads`` threads, each
+    inside ``context()`` (grad mode and the like are per thread); the results
+    in call order."""
     turn = [threading.Event() for _ in range(threads)]
     results = [None] * calls
 
     def worker(i):
-        for k in range(i, calls, threads):
-            turn[i].wait()
-            turn[i].clear()
-            results[k] = run()
-            turn[(i + 1) % threads].set()
+        with context():
+            for k in range(i, calls, threads):
+                turn[i].wait()
+                turn[i].clear()
+                results[k] = run()
+                turn[(i + 1) % threads].set()
 
     workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
     for w in workers:
@@ -74,9 +77,8 @@ def inner(helper: str, row: str, calls: int, threads: int) -> None:
     checks = {}
     for variant in ("upstream", "c"):
         run = case.call(variant)
-        with case.context():
-            one = _values(ring(run, 1, 40))
-            many = _values(ring(run, threads, 40))
+        one = _values(ring(run, 1, 40, case.context))
+        many = _values(ring(run, threads, 40, case.context))
         checks[variant] = one == many
     gc.collect()
     gc.disable()
@@ -84,17 +86,16 @@ def inner(helper: str, row: str, calls: int, threads: int) -> None:
     for variant in ("upstream", "c", "noop"):
         run = (lambda: None) if variant == "noop" else case.call(variant)
         for n in (1, threads):
-            with case.context():
-                ring(run, n, calls)  # warm: each thread's first calls
-                lib.cg_zero()
-                ring(run, n, calls)
-                lib.cg_dump(f"{variant}|{n}".encode())
+            ring(run, n, calls, case.context)  # warm: each thread's first calls
+            lib.cg_zero()
+            ring(run, n, calls, case.context)
+            lib.cg_dump(f"{variant}|{n}".encode())
     lib.cg_stop()
     gc.enable()
     print("CG_NOTES " + json.dumps({"exact": checks}), flush=True)
 
 
-def measure(row: str, calls: int, threads: int) -> dict:
+def measure(row: str, calls: int, threads: int, keep: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as d:
         helper = callgrind.build_helper(d)
         if helper is None:
@@ -103,6 +104,12 @@ def measure(row: str, calls: int, threads: int) -> dict:
         notes = callgrind._valgrind(
             out, ["--inner", helper, "--row", row, "--calls", str(calls),
                   "--threads", str(threads)], instr_atstart=False, script=__file__)
+        if keep:
+            import shutil
+
+            os.makedirs(keep, exist_ok=True)
+            for path in glob.glob(out + "*"):
+                shutil.copy(path, keep)
         totals = {}
         for path in glob.glob(out + "*"):
             label, total = callgrind._read_dump(path)
@@ -123,12 +130,13 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--row", default="rto_inductor_no_grad")
     p.add_argument("--json")
+    p.add_argument("--keep", metavar="DIR", help="keep the callgrind dumps in DIR")
     p.add_argument("--inner")  # inside valgrind: the helper library
     args = p.parse_args(argv)
     if args.inner:
         inner(args.inner, args.row, args.calls, args.threads)
         return 0
-    result = measure(args.row, args.calls, args.threads)
+    result = measure(args.row, args.calls, args.threads, args.keep)
     pc, n = result["per_call"], args.threads
     print(f"{args.row}: Ir per call, {args.calls} calls in a ring of 1 and {n} threads "
           f"(results exact: {result['exact']})")
