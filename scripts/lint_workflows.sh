@@ -2,7 +2,7 @@
 # Lint .github/workflows/*.yml: the GitHub workflow schema (check-jsonschema, its
 # vendored schema) and zizmor's audits, both offline, from a tools venv
 # (.venv-tools). actionlint is not used: its PyPI package downloads the binary
-# from GitHub at install time. tests/test_workflows.py checks, in the suite, that
+# from GitHub at install time. tests/gate/test_workflows.py checks, in the suite, that
 # every job runs `bash .ci/run`.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

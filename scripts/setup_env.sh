@@ -42,7 +42,7 @@ cd "$ROOT"
 # release no entry of torch_aot_rt/_versions.py covers: installed and run as a
 # user would, the suite checking that the package changes nothing). Every
 # (torch, CPython) pair the gate verifies (Release.pythons) is covered:
-# tests/test_workflows.py checks that each CPython runs with the newest torch
+# tests/gate/test_workflows.py checks that each CPython runs with the newest torch
 # it is verified with, and each torch release with CPython 3.11.
 # shellcheck disable=SC2034  # read by the scripts that source this file
 ENVIRONMENTS=(
@@ -139,12 +139,14 @@ _pip_install() {
 # A torch install needs room: a CUDA build's venv is 5 to 7 GB, and pip keeps the
 # wheels in its cache as well. A full disk otherwise shows up as a broken download
 # deep in pip ("Connection broken: OSError(28...)"); say so plainly, before pip.
+free_gb() { df -Pk "$1" | awk 'NR == 2 { print int($4 / 1048576) }'; } # PATH: GB free there
+
 _require_free_space() {
     case " $1 " in *" torch=="*) ;; *) return 0 ;; esac
-    local need_gb=10 free_gb
-    free_gb=$(df -Pk "$ROOT" | awk 'NR == 2 { print int($4 / 1048576) }')
-    if [ "$free_gb" -lt "$need_gb" ]; then
-        _log "only $free_gb GB free on the disk holding $ROOT; installing torch into $VENV needs about $need_gb GB (a CUDA build's venv plus pip's cache). Free some space and rerun."
+    local need_gb=10 free
+    free=$(free_gb "$ROOT")
+    if [ "$free" -lt "$need_gb" ]; then
+        _log "only $free GB free on the disk holding $ROOT; installing torch into $VENV needs about $need_gb GB (a CUDA build's venv plus pip's cache). Free some space and rerun."
         return 1
     fi
 }

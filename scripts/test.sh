@@ -4,7 +4,7 @@
 # (.venv-2.15-py3.12, ...), each with a fresh build of the C extension.
 #   bash scripts/test.sh                          # everything
 #   bash scripts/test.sh -k mutation -x           # extra arguments go to pytest (every run)
-#   bash scripts/test.sh tests/test_cpp.py -x      # test paths (tests/...) replace the default tests/
+#   bash scripts/test.sh tests/cpp/test_cpp.py -x      # test paths (tests/...) replace the default tests/
 #   TORCH_AOT_RT_TORCH=2.14.1 bash scripts/test.sh  # the environments of one torch release
 #   TORCH_AOT_RT_PYTHON=3.12 bash scripts/test.sh   # the environments of one CPython
 # Each environment lists its configurations, each one run of the suite: cpp (with the
@@ -47,9 +47,10 @@ fi
 # 2.14.1 install from local files; the others download a CUDA build of torch).
 # TORCH_AOT_RT_PAIRS=all: every pair the gate verifies instead (scripts/setup_env.sh
 # every_verified_pair), each with the C++ part; =extra: those of them ENVIRONMENTS
-# does not run. With TORCH_AOT_RT_DROP_VENVS=1 each venv not among ENVIRONMENTS' is
-# removed after its run, and the set-ups wait for the runs (at most two venvs
-# ahead), so that the disk holds a few at a time.
+# does not run. With TORCH_AOT_RT_DROP_VENVS=1 (.ci/run's default) each venv is
+# removed once its last run has ended, and the set-ups wait for the runs (at most two
+# environments set up and not yet done, one while the disk has under 12 GB free), so
+# that the disk holds a few venvs at a time (a CUDA build's venv is 5 to 7 GB).
 kept_venv() { # TORCH PYTHON: whether ENVIRONMENTS has this venv
     local e
     for e in "${ENVIRONMENTS[@]}"; do
@@ -73,11 +74,9 @@ case "${TORCH_AOT_RT_PAIRS:-}" in
         exit 2
         ;;
 esac
-drop_venv() { # ENTRY: with TORCH_AOT_RT_DROP_VENVS=1, its venv unless ENVIRONMENTS keeps it
-    local torch python
-    torch="$(env_torch "$1")" python="$(env_python "$1")"
-    if [ "${TORCH_AOT_RT_DROP_VENVS:-}" = 1 ] && ! kept_venv "$torch" "$python"; then
-        torch_env "$torch" "$python"
+drop_venv() { # ENTRY: with TORCH_AOT_RT_DROP_VENVS=1, its venv
+    if [ "${TORCH_AOT_RT_DROP_VENVS:-}" = 1 ]; then
+        torch_env "$(env_torch "$1")" "$(env_python "$1")"
         rm -rf "$VENV"
     fi
 }
@@ -186,6 +185,7 @@ if [ "$lanes" -le 1 ] || [ "${#envs[@]}" -le 1 ]; then
                 status=$rc
             fi
         done
+        drop_venv "$entry"
     done
     printf 'test.sh: %s\n' "${summary[@]}" >&2
     exit "$status"
@@ -259,18 +259,38 @@ show() { (flock 9; sed "s|^|$1 |" "$2"; : >"$2.shown") 9>>"$WORK/out.lock"; }
 
 seconds_since() { echo $(($(date +%s) - $1)); }
 
+count_in() { find "$1" -maxdepth 1 -name "$2" | wc -l; } # DIR GLOB
+
+# env_done IDX: once every run of that environment has a result, its venv is dropped
+# (TORCH_AOT_RT_DROP_VENVS=1) and $WORK/done-IDX written; under the queue's lock, so
+# that of two lanes ending the last two runs at once, one does it.
+env_done() {
+    (
+        flock 9
+        local config
+        [ ! -e "$WORK/done-$1" ] || exit 0
+        for config in $(configs_of "${envs[$1]}"); do
+            [ -f "$WORK/result-$1-$config" ] || exit 0
+        done
+        drop_venv "${envs[$1]}"
+        : >"$WORK/done-$1"
+    ) 9>>"$WORK/queue.lock"
+}
+
 # setup_lane: every environment's set-up, in order. Each writes $WORK/setup-IDX
 # ("EXIT SECONDS") when it ends: the runs of that environment wait for it.
 setup_lane() {
-    local idx entry rc t0 log label
+    local idx entry rc t0 log label why pending
     set +m # what the lane starts stays in its process group
     for idx in "${!envs[@]}"; do
         entry="${envs[$idx]}"
         label="$(label_of "$entry" setup)"
         if [ "${TORCH_AOT_RT_DROP_VENVS:-}" = 1 ]; then
-            # at most two environments set up and not yet tested
-            while [ "$(find "$WORK" -maxdepth 1 -name 'setup-*' | wc -l)" -ge \
-                    $(($(find "$WORK" -maxdepth 1 -name 'result-*' | wc -l) + 2)) ]; do
+            # at most two environments set up and not yet done; one where the disk
+            # is short (the runs under way free their venvs as they end)
+            while pending="$(($(count_in "$WORK" 'setup-*') - $(count_in "$WORK" 'done-*')))" &&
+                { [ "$pending" -ge 2 ] ||
+                    { [ "$pending" -ge 1 ] && [ "$(free_gb "$ROOT")" -lt 12 ]; }; }; do
                 sleep 5
             done
         fi
@@ -284,8 +304,15 @@ setup_lane() {
         wait $! || rc=$?
         show "$(tag_of "$entry" setup)" "$log"
         say "$label: exit $rc ($(seconds_since "$t0") s)"
-        echo "$rc $(seconds_since "$t0")" >"$WORK/setup-$idx.tmp"
+        # a failed set-up's last line (its reason) goes into the summary
+        why=""
+        if [ "$rc" -ne 0 ]; then why="$(grep -v '^[[:space:]]*$' "$log" | tail -n 1 | cut -c 1-300)"; fi
+        echo "$rc $(seconds_since "$t0") $why" >"$WORK/setup-$idx.tmp"
         mv "$WORK/setup-$idx.tmp" "$WORK/setup-$idx"
+        if [ "$rc" -ne 0 ]; then
+            drop_venv "$entry"
+            : >"$WORK/done-$idx"
+        fi
     done
 }
 
@@ -303,7 +330,7 @@ test_lane() {
         if [ ! -f "$WORK/setup-$idx" ]; then
             continue # the set-up lane ended without it: the summary says so
         fi
-        read -r rc secs <"$WORK/setup-$idx"
+        read -r rc secs _ <"$WORK/setup-$idx"
         if [ "$rc" -ne 0 ]; then
             echo "$rc 0 setup" >"$WORK/result-$idx-$cpp"
             continue
@@ -314,8 +341,8 @@ test_lane() {
         t0="$(date +%s)"
         rc=0
         run_config "$entry" "$cpp" "$@" >"$log" 2>&1 || rc=$?
-        drop_venv "$entry"
         echo "$rc $(seconds_since "$t0")" >"$WORK/result-$idx-$cpp"
+        env_done "$idx"
         show "$(tag_of "$entry" "$cpp")" "$log"
         say "$label: exit $rc ($(seconds_since "$t0") s, lane $lane)"
     done
@@ -343,8 +370,9 @@ summary=()
 times=()
 for idx in "${!envs[@]}"; do
     entry="${envs[$idx]}"
+    setup_why=""
     if [ -f "$WORK/setup-$idx" ]; then
-        read -r rc secs <"$WORK/setup-$idx"
+        read -r rc secs setup_why <"$WORK/setup-$idx"
         times+=("$(label_of "$entry" setup): exit $rc, ${secs} s")
     fi
     for cpp in $(configs_of "$entry"); do
@@ -356,7 +384,7 @@ for idx in "${!envs[@]}"; do
             why="lane"
         fi
         case "$why" in
-            setup) summary+=("$label: exit $rc (set-up failed, not run)") ;;
+            setup) summary+=("$label: exit $rc (set-up failed, not run: $setup_why)") ;;
             lane) summary+=("$label: exit $rc (not run: a lane failed, exit $lane_status)") ;;
             *) summary+=("$label: exit $rc"); times+=("$label: ${secs} s") ;;
         esac

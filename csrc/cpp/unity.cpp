@@ -4,7 +4,7 @@
 // all six here): one unit builds the part in a fifth of the time, on every
 // install and every CI set-up. The files stay one job each; names private to
 // one of them are in an anonymous namespace or static, so none collide.
-// tests/test_build.py checks that every .cpp of this folder is listed, once.
+// tests/cpp/test_build.py checks that every .cpp of this folder is listed, once.
 #include "compiled_node.cpp"
 #include "compiled_node_compiled_autograd.cpp"
 #include "compiled_node_face.cpp"

@@ -390,7 +390,7 @@ def test_compile_inside_a_compiled_region_is_not_traced():
 
     import _fresh_python as fresh_python
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from _root import ROOT as root
 
     def run(flag):
         env = {k: v for k, v in os.environ.items() if k != "TORCH_AOT_RT"}

@@ -22,7 +22,7 @@ import torch
 import _differential as D
 import _fresh_python as fresh_python
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _root import ROOT  # noqa: E402
 
 # Every code-bearing attribute (function, class, method, descriptor) of every
 # torch module loaded, and of the classes they define, by identity. Plain

@@ -21,7 +21,7 @@ import _fresh_python as fresh_python
 import torch_aot_rt
 from _cases import f_plain
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _root import ROOT  # noqa: E402
 
 
 def f_mut_alias(a):

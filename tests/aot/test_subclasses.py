@@ -25,6 +25,7 @@ from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
 from torch.testing._internal.two_tensor import TwoTensor
 
 import _differential as D
+from _cache import BUNDLED_CACHE, cache_backend
 
 pytestmark = pytest.mark.needs_c
 
@@ -498,16 +499,6 @@ def test_dtensor_one_process_gloo():
 # ---------------------------------------------------------------------------
 # AOTAutogradCache
 
-BUNDLED_CACHE = {
-    k: v
-    for k, v in {
-        "enable_autograd_cache": True,
-        "force_autograd_cache": True,
-        "bundled_autograd_cache": True,
-    }.items()
-    if hasattr(torch._functorch.config, k)
-}
-
 
 @pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
 def test_autograd_cache_hit(device, training):
@@ -517,9 +508,7 @@ def test_autograd_cache_hit(device, training):
 
     AOTAutogradCache.clear()
     # (2.11's bundled cache fails aot_eager compiles: inductor there)
-    from test_compile_e2e import _cache_backend
-
-    kw = dict(compile=_compile(backend=_cache_backend()), functorch_config=BUNDLED_CACHE,
+    kw = dict(compile=_compile(backend=cache_backend()), functorch_config=BUNDLED_CACHE,
               calls=2, device=device)
     inputs = _inputs(("two", (8,), training))
 

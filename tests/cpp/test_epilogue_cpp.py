@@ -21,12 +21,11 @@ import weakref
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import _differential as D
 import torch_aot_rt
 from _cases import f_data, f_data_and_meta, f_meta_t
+from _modes import RecordingDispatchMode, RecordingFunctionMode
 
 pytestmark = pytest.mark.needs_c
 
@@ -159,32 +158,6 @@ def test_epilogue_route(device, program):
 
 # ---------------------------------------------------------------------------
 # where the C++ part must not run: the Python methods, as upstream
-
-
-class RecordingFunctionMode(TorchFunctionMode):
-    """Records the torch functions and methods it sees (the epilogue's
-    included: copy_, as_strided_, size, detach, ...)."""
-
-    def __init__(self, log):
-        super().__init__()
-        self.log = log
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.log.append(getattr(func, "__name__", str(func)))
-        return func(*args, **(kwargs or {}))
-
-
-class RecordingDispatchMode(TorchDispatchMode):
-    """Records the aten ops it sees."""
-
-    def __init__(self, log):
-        super().__init__()
-        self.log = log
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.log.append(str(func))
-        return func(*args, **(kwargs or {}))
-
 
 MODES = {"function": RecordingFunctionMode, "dispatch": RecordingDispatchMode}
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _root import ROOT  # noqa: E402
 WORKFLOW = os.path.join(ROOT, ".github", "workflows", "ci.yml")
 
 

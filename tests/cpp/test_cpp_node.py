@@ -6,7 +6,7 @@ suite); with ``TORCH_AOT_RT_CPP=0`` the same tests run upstream's node with
 the C forward/backward. These tests pin what is specific to the node, each
 against upstream (C runtime off) in one process: its Python face, the
 per-call decisions and their counts, the switches profiling and forward AD
-make (compiled autograd: tests/test_compiled_autograd.py), hooks, ``autograd.grad``, version-counter
+make (compiled autograd: tests/aot/test_compiled_autograd.py), hooks, ``autograd.grad``, version-counter
 errors, sequence numbers, node-creation hooks and when saved tensors die.
 """
 

@@ -2,84 +2,25 @@
 internals differ from its release entry, `import torch_aot_rt` still works,
 replaces nothing (stats() says why) and every compile is upstream's;
 TORCH_AOT_RT_UNVERIFIED=1 opts back in. Simulated in a subprocess by faking the
-version string or removing an internal before the import (tests/test_inactive.py
+version string or removing an internal before the import (tests/gate/test_inactive.py
 checks, attribute by attribute, that nothing is replaced)."""
 
-import json
 import os
 import sys
 import textwrap
 
 import pytest
 
-import _fresh_python as fresh_python
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _gate_probe import CANDIDATE, INSTALLED, run
+from _root import ROOT  # noqa: E402
 
 # the gate, in subprocesses: the same with the C++ part and without
 pytestmark = pytest.mark.cpp_independent
-
-SCRIPT = textwrap.dedent(
-    """
-    import json, torch, torch._dynamo
-    import torch._functorch._aot_autograd.runtime_wrappers as rw
-    {remove}
-    import torch_aot_rt
-    from functorch.compile import aot_function, nop
-
-    def f(x, y):
-        y.add_(1)
-        return x.sin() * y, x.view(-1)
-
-    x = torch.randn(3, 4, requires_grad=True)
-    y = torch.randn(3, 4)
-    out = aot_function(f, fw_compiler=nop, bw_compiler=nop)(x, y)
-    out[0].sum().backward()
-    ref_x = x.detach().clone().requires_grad_(True)
-    ref_y = y.clone() - 1
-    ref = f(ref_x, ref_y)
-    ref[0].sum().backward()
-    import sys
-    print(json.dumps(dict(
-        stats=torch_aot_rt.stats(),
-        loaded_cpp=sorted(m for m in sys.modules if "._torch_cpp_" in m),
-        same=torch.allclose(out[0], ref[0]) and torch.equal(y, ref_y)
-             and torch.allclose(x.grad, ref_x.grad) and out[1]._base is x,
-    )))
-    """
-)
-
-
-def _candidate() -> bool:
-    """The installed torch is a candidate release (2.11, 2.12) this run opted
-    into: the C path runs on it only under the opt-in, which the runs of the
-    installed torch as it is pass on."""
-    import torch
-    from torch_aot_rt import _versions
-
-    gate = _versions.resolve(str(torch.__version__))
-    return gate.unverified_opt_in and gate.release in _versions.CANDIDATES
-
-
-CANDIDATE = _candidate()
-INSTALLED = {"TORCH_AOT_RT_UNVERIFIED": "1"} if CANDIDATE else {}
 
 
 def _check_fallbacks(stats) -> None:
     """No fallback counted (nothing a compile did, nothing at install)."""
     assert stats["fallbacks"] == 0, stats
-
-
-def run(remove: str, **extra_env) -> dict:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("TORCH_AOT_RT", "TORCH_AOT_RT_UNVERIFIED")
-    }
-    env.update(extra_env)
-    proc = fresh_python.run(SCRIPT.format(remove=remove), env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_baseline_uses_c_path():

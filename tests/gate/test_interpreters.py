@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -26,7 +25,7 @@ import _differential as D
 import _fresh_python as fresh_python
 from torch_aot_rt import _versions
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _root import ROOT  # noqa: E402
 HERE = sys.version_info[:2]
 
 

@@ -18,8 +18,8 @@ from torch.overrides import TorchFunctionMode
 
 import _differential as D
 import torch_aot_rt
-from test_compat import INSTALLED
-from test_compat import run as _run
+from _gate_probe import INSTALLED
+from _gate_probe import run as _run
 from torch_aot_rt import _cpp
 
 SWITCHED_OFF = os.environ.get("TORCH_AOT_RT_CPP", "") == "0"

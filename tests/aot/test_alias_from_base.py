@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import _differential as D
-from test_epilogue_cpp import RecordingFunctionMode as Log
+from _modes import RecordingFunctionMode as Log
 from torch_aot_rt import _state
 
 

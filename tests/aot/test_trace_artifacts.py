@@ -16,7 +16,6 @@ regeneration, detaches, grad mode). With tracing off, no description is built.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 
@@ -124,7 +123,7 @@ def shape(phases) -> dict:
 def run_traced(tmp_path, c_on: bool):
     trace_dir = tmp_path / ("on" if c_on else "off")
     trace_dir.mkdir()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from _root import ROOT as root
     env = dict(
         os.environ, TORCH_TRACE=str(trace_dir), TORCH_AOT_RT="1" if c_on else "0",
         TORCHINDUCTOR_CACHE_DIR=str(trace_dir / "cache"),

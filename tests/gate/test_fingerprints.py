@@ -16,7 +16,7 @@ from torch_aot_rt import _fingerprints, _mirrored, _versions
 
 pytestmark = [pytest.mark.canary, pytest.mark.cpp_independent]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _root import ROOT  # noqa: E402
 TORCH_DIR = os.path.dirname(torch.__file__)
 GAA = "_functorch/_aot_autograd/functional_utils.py"
 

@@ -1041,7 +1041,7 @@ def test_trace_artifacts_are_upstreams(tmp_path):
     import os
     import subprocess
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from _root import ROOT as root
     found = {}
     for on in (False, True):
         trace_dir = tmp_path / str(on)

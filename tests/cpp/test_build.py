@@ -35,7 +35,7 @@ from torch_aot_rt import _cpp
 # Runs on the canaries too: there the unsupported-headers case is the real one.
 pytestmark = [pytest.mark.canary, pytest.mark.cpp_independent]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _root import ROOT  # noqa: E402
 EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 NAME = _cpp.module_name(str(torch.__version__))
 RECORD = _cpp.record_name(str(torch.__version__))

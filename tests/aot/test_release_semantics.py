@@ -437,7 +437,7 @@ def test_external_objects_through_dynamo():
 
     if not RELEASE.snapshots_external_objects:
         pytest.skip(f"torch {RELEASE.name} keeps no external objects on ctx")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from _root import ROOT as root
     results = {}
     for use_c in (False, True):
         env = dict(os.environ, TORCH_AOT_RT="1" if use_c else "0",
@@ -524,7 +524,7 @@ def _opaque_base_class():
         from torch._custom_class_base import CustomClassBase as base
     except ImportError:
         from torch._opaque_base import OpaqueBase as base
-    # None: 2.11 checks is_opaque_type alone (tests/test_release_211.py)
+    # None: 2.11 checks is_opaque_type alone (tests/aot/test_release_211.py)
     assert RELEASE.opaque_base in (base.__name__, None), (base, RELEASE.opaque_base)
     return base
 
@@ -939,7 +939,7 @@ def test_212_view_replay_forced_through_force_original_view_tracking(prev):
     __exit__ whatever it is; 2.13 sets it only when off and restores it
     only when changed. The oracle is torch's own context manager (2.11's
     __enter__ does not set it: there 2.12's calls are written out; see
-    tests/test_release_211.py)."""
+    tests/aot/test_release_211.py)."""
     a = torch.randn(3, requires_grad=True)
     for release, forced in ((REL_212, True), (REL_213, REL_213.forces_original_view_tracking)):
         w, plan = _wrapper(f_double, [a], release)

@@ -12,6 +12,7 @@ from torch._dynamo.utils import counters
 from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
 
 import _differential as D
+from _cache import BUNDLED_CACHE, cache_backend
 from _cases import *  # noqa: F403  (the f_* programs, MODES, ctx_for, inputs_for)
 
 # Marked canary: on a torch where the import is inactive these run too
@@ -156,43 +157,6 @@ def test_inductor_inference_mode(device):
 # ---------------------------------------------------------------------------
 # AOTAutogradCache
 
-BUNDLED_CACHE = {
-    k: v
-    for k, v in {
-        "enable_autograd_cache": True,
-        "force_autograd_cache": True,  # not on every torch the canaries run
-        "bundled_autograd_cache": True,
-    }.items()
-    if hasattr(torch._functorch.config, k)
-}
-
-
-_CACHE_BACKEND = []
-
-
-def _cache_backend() -> str:
-    """The backend whose compiles AOTAutogradCache saves under BUNDLED_CACHE:
-    aot_eager where upstream bundles its entries; 2.11's bundled cache fails
-    an aot_eager compile (AssertionError "expected OutputCode"), so there
-    inductor (probed once, upstream's runtime)."""
-    if not _CACHE_BACKEND:
-        torch._dynamo.reset()
-        AOTAutogradCache.clear()
-        backend = "aot_eager"
-        with D.runtime(False), torch._functorch.config.patch(**BUNDLED_CACHE), \
-                torch._dynamo.config.patch(suppress_errors=False):
-            try:
-                torch.compile(lambda x: (x * 2,), backend="aot_eager")(torch.randn(2))
-            except torch._dynamo.exc.BackendCompilerFailed as e:
-                if "expected OutputCode" not in str(e):
-                    raise
-                backend = "inductor"
-        AOTAutogradCache.clear()
-        torch._dynamo.reset()
-        _CACHE_BACKEND.append(backend)
-    return _CACHE_BACKEND[0]
-
-
 def _cache_counts():
     return dict(counters["aot_autograd"])
 
@@ -212,7 +176,7 @@ def test_autograd_cache_hit_builds_c_wrapper(device, mode):
     AOTAutogradCache.clear()
     fn, shapes, mutated = f_interm_base_is_output, [(3, 4)], ()
     inputs = inputs_for(shapes, mode, mutated)
-    kw = dict(compile=_cache_backend(), functorch_config=BUNDLED_CACHE, calls=2)
+    kw = dict(compile=cache_backend(), functorch_config=BUNDLED_CACHE, calls=2)
 
     miss, d_miss = _cached_run(fn, inputs, False, device, **kw)
     assert d_miss.get("autograd_cache_miss") == 1 and d_miss.get("autograd_cache_saved"), d_miss
@@ -235,7 +199,7 @@ def test_autograd_cache_hit_respects_disable(device):
     """``enabled(False)`` applies to cache hits too."""
     AOTAutogradCache.clear()
     inputs = inputs_for([(3, 4)], "plain")
-    kw = dict(compile=_cache_backend(), functorch_config=BUNDLED_CACHE, calls=1)
+    kw = dict(compile=cache_backend(), functorch_config=BUNDLED_CACHE, calls=1)
     _cached_run(f_view, inputs, True, device, **kw)
     run, delta = _cached_run(f_view, inputs, False, device, **kw)
     assert delta.get("autograd_cache_hit") == 1, delta

@@ -8,8 +8,8 @@ import os
 
 from torch_aot_rt import _versions
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-START = "<!-- made by torch_aot_rt._versions.support_matrix(); tests/test_docs.py checks it -->"
+from _root import ROOT  # noqa: E402
+START = "<!-- made by torch_aot_rt._versions.support_matrix(); tests/gate/test_docs.py checks it -->"
 END = "<!-- end of the support matrix -->"
 
 
