@@ -47,7 +47,8 @@ fi
 # 2.14.1 install from local files; the others download a CUDA build of torch).
 # TORCH_AOT_RT_PAIRS=all: every pair the gate verifies instead (scripts/setup_env.sh
 # every_verified_pair), each with the C++ part; =extra: those of them ENVIRONMENTS
-# does not run. With TORCH_AOT_RT_DROP_VENVS=1 (.ci/run's default) each venv is
+# does not run; a list of pairs, "2.14.1/3.12 2.13.0/3.13": those, in that order.
+# With TORCH_AOT_RT_DROP_VENVS=1 (.ci/run's default) each venv is
 # removed once its last run has ended, and the set-ups wait for the runs (at most two
 # environments set up and not yet done, one while the disk has under 12 GB free), so
 # that the disk holds a few venvs at a time (a CUDA build's venv is 5 to 7 GB).
@@ -70,8 +71,18 @@ case "${TORCH_AOT_RT_PAIRS:-}" in
         done < <(every_verified_pair)
         ;;
     *)
-        echo "test.sh: TORCH_AOT_RT_PAIRS=$TORCH_AOT_RT_PAIRS: all or extra" >&2
-        exit 2
+        # a list of verified pairs, in the order given: "2.14.1/3.12 2.13.0/3.13"
+        selection=()
+        mapfile -t verified < <(every_verified_pair)
+        for pair in $TORCH_AOT_RT_PAIRS; do
+            entry="${pair%/*} ${pair#*/} cpp"
+            if [[ " ${verified[*]/%/,} " != *" $entry, "* ]]; then
+                echo "test.sh: TORCH_AOT_RT_PAIRS: $pair is not a pair the gate verifies" \
+                    "(all, extra, or TORCH/PYTHON pairs such as 2.14.1/3.12)" >&2
+                exit 2
+            fi
+            selection+=("$entry")
+        done
         ;;
 esac
 drop_venv() { # ENTRY: with TORCH_AOT_RT_DROP_VENVS=1, its venv
