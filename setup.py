@@ -254,12 +254,16 @@ def _captured_output():
 
 def checkout_commit():
     """{"commit": the checkout's commit, "modified": whether its tracked files
-    differ from it}, or None outside a git checkout (an sdist)."""
+    differ from it}, or None outside a git checkout (an sdist) or where no git
+    runs (an interpreter in a root of its own, without git: the build goes on)."""
     import subprocess
 
     def git(*args):
-        r = subprocess.run(["git", *args], capture_output=True, text=True,
-                           cwd=os.path.dirname(os.path.abspath(__file__)))
+        try:
+            r = subprocess.run(["git", *args], capture_output=True, text=True,
+                               cwd=os.path.dirname(os.path.abspath(__file__)))
+        except OSError:  # no git on this machine's PATH
+            return None
         return r.stdout.strip() if r.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
@@ -277,15 +281,19 @@ class build_ext_cpp_optional(build_ext):
         self._cpp_failure = None
         super().run()  # builds into build_lib, then copies to the tree if in place
         build = checkout_commit()
-        if build is not None:
-            folders = [os.path.join(self.build_lib, "torch_aot_rt")]
-            if self.inplace:
-                folders.append("torch_aot_rt")
-            for folder in folders:
-                os.makedirs(folder, exist_ok=True)
-                with open(os.path.join(folder, "_build.json"), "w") as f:
-                    json.dump(build, f)
-                    f.write("\n")
+        folders = [os.path.join(self.build_lib, "torch_aot_rt")]
+        if self.inplace:
+            folders.append("torch_aot_rt")
+        for folder in folders:
+            record = os.path.join(folder, "_build.json")
+            if build is None:  # an earlier build's record would name another commit
+                if os.path.exists(record):
+                    os.remove(record)
+                continue
+            os.makedirs(folder, exist_ok=True)
+            with open(record, "w") as f:
+                json.dump(build, f)
+                f.write("\n")
         plan = CPP
         # build_lib is what a wheel holds: only this build's C++ part, not
         # those an earlier build for another torch left there (the source

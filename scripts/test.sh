@@ -317,9 +317,13 @@ setup_lane() {
         wait $! || rc=$?
         show "$(tag_of "$entry" setup)" "$log"
         say "$label: exit $rc ($(seconds_since "$t0") s)"
-        # a failed set-up's last line (its reason) goes into the summary
+        # a failed set-up's reason goes into the summary: its first "error:" line
+        # (pip's build output), else its last line (set-up's own "[setup] ...")
         why=""
-        if [ "$rc" -ne 0 ]; then why="$(grep -v '^[[:space:]]*$' "$log" | tail -n 1 | cut -c 1-300)"; fi
+        if [ "$rc" -ne 0 ]; then
+            why="$(grep -m 1 'error: ' "$log" || grep -v '^[[:space:]]*$' "$log" | tail -n 1)" || true
+            why="$(echo "$why" | sed 's/^[[:space:]]*//' | cut -c 1-300)"
+        fi
         echo "$rc $(seconds_since "$t0") $why" >"$WORK/setup-$idx.tmp"
         mv "$WORK/setup-$idx.tmp" "$WORK/setup-$idx"
         if [ "$rc" -ne 0 ]; then
