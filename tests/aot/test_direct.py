@@ -137,15 +137,10 @@ def _read_error_itself(upstream, bump):
     isinstance(args, list)``), as a whole run of the suite showed where the
     same test alone did not (docs/compatibility.md). The C path raises the
     failed read's exception, as the source says: where the read fails, compare
-    with that read's exception, after upstream has been called and has
-    raised; elsewhere with upstream's exception itself."""
+    with that read's exception (upstream is not called: see below);
+    elsewhere with upstream's result or exception itself."""
 
     def call(*args, **kwargs):
-        error = None
-        try:
-            result = upstream(*args, **kwargs)
-        except BaseException as e:
-            error = e
         read_error = None
         if len(args) == 1 and not kwargs:  # else the call fails before the bump
             try:
@@ -154,13 +149,20 @@ def _read_error_itself(upstream, bump):
             except Exception as e:
                 read_error = e
         if read_error is not None:
-            assert error is not None, "upstream returned where its bump's read fails"
+            # upstream is not called here: its binding would leave this
+            # interpreter with the exception pending, and a pending exception
+            # poisons later look-ups (on 3.11, a type look-up made then fails
+            # and CPython drops torch's ConfigModule.__getattr__ hook for good:
+            # every later read of an unset setting raises AttributeError)
             error = read_error
-        elif error is None:
-            return result
-        elif isinstance(error, SystemError) and error.__cause__ is not None and (
-                "returned a result with an exception set" in str(error)):
-            error = error.__cause__
+        else:
+            try:
+                return upstream(*args, **kwargs)
+            except BaseException as e:
+                error = e
+            if isinstance(error, SystemError) and error.__cause__ is not None and (
+                    "returned a result with an exception set" in str(error)):
+                error = error.__cause__
         error.__cause__ = error.__context__ = None
         error.__suppress_context__ = False
         raise error.with_traceback(None)

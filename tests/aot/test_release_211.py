@@ -364,10 +364,12 @@ def test_version_bump_reads_args_lazily(release):
     with pytest.raises(IndexError):
         w([x])
     assert x._version == before + (1 if release is REL_211 else 0)
-    if release is RELEASE or (release is REL_211 and RELEASE.bump_from_generator):
-        # upstream's own, on this torch (its error aside: see test_direct)
+    if release is RELEASE and not RELEASE.bump_from_generator:
+        # upstream's own, on this torch; not on 2.11/2.12, whose binding returns
+        # with the read's exception pending, which poisons this interpreter's
+        # later look-ups (tests/aot/test_direct.py _read_error_itself)
         up = D.upstream_builder()(compiled_fn, **kwargs)
         before = x._version
-        with pytest.raises(BaseException):
+        with pytest.raises(IndexError):
             up([x])
-        assert x._version == before + (1 if release is REL_211 else 0)
+        assert x._version == before
