@@ -48,11 +48,10 @@ fi
 # TORCH_AOT_RT_PAIRS=all: every pair the gate verifies instead (scripts/setup_env.sh
 # every_verified_pair), each with the C++ part; =extra: those of them ENVIRONMENTS
 # does not run; a list of pairs, "2.14.1/3.12 2.13.0/3.13": those, in that order.
-# With TORCH_AOT_RT_DROP_VENVS=1 (.ci/run's default) each venv is
-# removed once its last run has ended, and the set-ups wait for the runs (at most one
-# environment per test lane and one more set up and not yet done, one while the disk
-# has under 12 GB free), so
-# that the disk holds a few venvs at a time (a CUDA build's venv is 5 to 7 GB).
+# With TORCH_AOT_RT_DROP_VENVS=1 (.ci/run's default) each venv is removed once its
+# last run has ended, and the set-ups wait for the runs (at most one environment per
+# test lane and one more set up and not yet done, one while the disk has under 12 GB
+# free), so that the disk holds a few venvs at a time (a CUDA build's is 5 to 7 GB).
 kept_venv() { # TORCH PYTHON: whether ENVIRONMENTS has this venv
     local e
     for e in "${ENVIRONMENTS[@]}"; do
@@ -298,8 +297,8 @@ setup_lane() {
         entry="${envs[$idx]}"
         label="$(label_of "$entry" setup)"
         if [ "${TORCH_AOT_RT_DROP_VENVS:-}" = 1 ]; then
-            # at most three environments set up and not yet done (one per test lane
-            # and one ready for the lane that ends first); one where the disk is
+            # at most one environment per test lane and one more (ready for the
+            # lane that ends first) set up and not yet done; one where the disk is
             # short (the runs under way free their venvs as they end)
             while pending="$(($(count_in "$WORK" 'setup-*') - $(count_in "$WORK" 'done-*')))" &&
                 { [ "$pending" -ge $((lanes + 1)) ] ||
