@@ -20,6 +20,11 @@ CELLS = ("callback", "fn", "is_fx_symbolic_tracing", "is_jit_tracing", "self")
 PATCHER_CELLS = ("changes", "config", "self")
 
 
+# a call of one positional argument: CALL from 3.11, CALL_METHOD (after
+# LOAD_METHOD) or CALL_FUNCTION on 3.10
+CALL_OPS = ("CALL", "CALL_METHOD", "CALL_FUNCTION")
+
+
 def fullgraph_warning(code, eval_frame):
     """2.12's ``torch._dynamo.utils.warn_once(<message>)`` in
     compile_wrapper (fullgraph=True and no compiled frame) as a function of
@@ -29,14 +34,25 @@ def fullgraph_warning(code, eval_frame):
     is not ``<warn_once>(<one constant string>)``."""
     found = None
     instructions = list(dis.get_instructions(code))
+    # where each line starts (CPython 3.10's instructions have no positions)
+    starts = sorted(dis.findlinestarts(code))
     for i, ins in enumerate(instructions):
         if ins.argval != "warn_once" or ins.opname not in ("LOAD_ATTR", "LOAD_METHOD"):
             continue
         rest = [x for x in instructions[i + 1:i + 4] if x.opname != "PRECALL"]
         if (len(rest) < 2 or rest[0].opname != "LOAD_CONST" or not isinstance(rest[0].argval, str)
-                or rest[1].opname != "CALL" or rest[1].arg != 1):
+                or rest[1].opname not in CALL_OPS or rest[1].arg != 1):
             return None
-        call = (rest[1].positions.lineno, rest[0].argval)
+        # the frame's line during the call: what warn_once's warning names
+        positions = getattr(rest[1], "positions", None)
+        if positions is not None:
+            line = positions.lineno
+        else:
+            before = [ln for off, ln in starts if off <= rest[1].offset and ln is not None]
+            line = before[-1] if before else None
+        if line is None:
+            return None
+        call = (line, rest[0].argval)
         if found not in (None, call):  # the finally block's copies: one call
             return None
         found = call
