@@ -345,7 +345,7 @@ class Release:
 # alias_translates_storage_offset); docs/compatibility.md "2.12".
 _REL_212 = Release(
     series=(2, 12),
-    pythons=((3, 11),),
+    pythons=((3, 11), (3, 12), (3, 13), (3, 14)),
     keeps_saved_graph_inputs=False,
     snapshots_external_objects=False,
     copies_backward_context=False,
@@ -414,7 +414,7 @@ VERIFIED: tuple[Release, ...] = (
     _REL_212,
     Release(
         series=(2, 13),
-        pythons=((3, 11), (3, 12)),
+        pythons=((3, 10), (3, 11), (3, 12), (3, 13), (3, 14)),
         keeps_saved_graph_inputs=False,
         snapshots_external_objects=False,
         copies_backward_context=False,
@@ -435,7 +435,7 @@ VERIFIED: tuple[Release, ...] = (
     ),
     Release(
         series=(2, 14),
-        pythons=((3, 10), (3, 11), (3, 12), (3, 13)),
+        pythons=((3, 10), (3, 11), (3, 12), (3, 13), (3, 14)),
         keeps_saved_graph_inputs=True,
         snapshots_external_objects=True,
         copies_backward_context=True,
