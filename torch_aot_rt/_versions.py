@@ -345,7 +345,7 @@ class Release:
 # alias_translates_storage_offset); docs/compatibility.md "2.12".
 _REL_212 = Release(
     series=(2, 12),
-    pythons=((3, 11), (3, 12), (3, 13), (3, 14)),
+    pythons=((3, 10), (3, 11), (3, 12), (3, 13), (3, 14)),
     keeps_saved_graph_inputs=False,
     snapshots_external_objects=False,
     copies_backward_context=False,
