@@ -59,7 +59,7 @@ def test_211_entry_differs_from_212_where_its_source_does():
 # view replay around the training call: _force_original_view_tracking(True)
 
 
-from test_release_semantics import _ViewReplayCalls  # noqa: E402
+from test_release_212 import _ViewReplayCalls  # noqa: E402
 
 
 def _view_replay_calls(release, prev):

@@ -480,9 +480,9 @@ class Back:
 
 
 def _opaque():
-    """The opaque class and custom op of test_release_semantics (registered
+    """The opaque class and custom op of test_release_compiled_function (registered
     once per process), or a skip where the release has no opaque objects."""
-    rs = pytest.importorskip("test_release_semantics")
+    rs = pytest.importorskip("test_release_compiled_function")
     if rs.RELEASE is None:
         pytest.skip("not a verified release")
     return rs.Counter, rs._opaque_op()
