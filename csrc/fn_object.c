@@ -13,7 +13,7 @@ rt_bound_state(PyTypeObject *type, PyObject **module)
         return NULL;
     }
     rt_state *st = PyModule_GetState(*module);
-    if (!st->bound) {
+    if (!st->torch.bound) {
         PyErr_SetString(PyExc_RuntimeError,
                         "torch_aot_rt._C: _bind_torch() must be called first");
         return NULL;

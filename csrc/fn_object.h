@@ -6,7 +6,7 @@
 #define TORCH_AOT_RT_FN_OBJECT_H
 
 #include "plan.h"
-#include "torch_api.h"
+#include "state.h"
 
 #include <stddef.h>
 #include <structmember.h>

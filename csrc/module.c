@@ -16,7 +16,8 @@
 #include "dynamo/disable.h"
 #include "dynamo/dynamo.h"
 #include "inductor/inductor.h"
-#include "torch_api.h"
+#include "state.h"
+#include "state.h"
 #include "util/dict_version.h"
 #include "util/frame_stub.h"
 #include "util/py_compat.h"
@@ -36,7 +37,7 @@ bind_torch(PyObject *module, PyObject *args, PyObject *kwargs)
                                      &names.input_grad_buffers, &cpp)) {
         return NULL;
     }
-    if (rt_torch_bind(PyModule_GetState(module), &names, cpp) < 0) {
+    if (rt_state_bind(PyModule_GetState(module), &names, cpp) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -56,7 +57,7 @@ static PyObject *
 node_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     rt_state *st = PyModule_GetState(module);
-    return rt_counts_dict("_node_stats", args, nargs, node_reasons, st->node_counts,
+    return rt_counts_dict("_node_stats", args, nargs, node_reasons, st->aot.node_counts,
                           RT_NODE_N_DECLINED);
 }
 
@@ -71,7 +72,7 @@ static PyObject *
 epilogue_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     rt_state *st = PyModule_GetState(module);
-    return rt_counts_dict("_epilogue_stats", args, nargs, epi_routes, st->epi_counts,
+    return rt_counts_dict("_epilogue_stats", args, nargs, epi_routes, st->torch.epi_counts,
                           RT_EPI_N_ROUTES);
 }
 
@@ -85,8 +86,8 @@ set_cpp_routes(PyObject *module, PyObject *flag)
         return NULL;
     }
     rt_state *st = PyModule_GetState(module);
-    st->cpp = on ? st->cpp_loaded : NULL;
-    return PyBool_FromLong(st->cpp_loaded != NULL);
+    st->torch.cpp = on ? st->torch.cpp_loaded : NULL;
+    return PyBool_FromLong(st->torch.cpp_loaded != NULL);
 }
 
 static PyMethodDef module_methods[] = {
@@ -165,55 +166,21 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* The module state is torch's door (torch_api.c: its own fields) and each
- * layer's part, which the layers make, traverse and clear themselves; the
- * module, above them all, drives the three in one place (so the door knows
- * no layer). */
-static int
-layers_traverse(rt_state *st, visitproc visit, void *arg)
-{
-    int rc;
-    if ((rc = rt_thread_locals_traverse(&st->thread_locals, visit, arg)) != 0 ||
-        (rc = rt_config_reader_traverse(&st->config_reader, visit, arg)) != 0 ||
-        (rc = rt_wrappers_state_traverse(&st->wrappers, visit, arg)) != 0 ||
-        (rc = rt_alias_state_traverse(&st->alias, visit, arg)) != 0 ||
-        (rc = rt_disable_traverse(&st->disable, visit, arg)) != 0 ||
-        (rc = rt_cw_traverse(&st->cw, visit, arg)) != 0 ||
-        (rc = rt_inductor_names_traverse(&st->inductor, visit, arg)) != 0) {
-        return rc;
-    }
-    return 0;
-}
-
-static void
-layers_clear(rt_state *st)
-{
-    rt_disable_clear(&st->disable);
-    rt_inductor_names_clear(&st->inductor);
-    rt_cw_clear(&st->cw);
-    rt_config_reader_clear(&st->config_reader);
-    rt_thread_locals_clear(&st->thread_locals);
-    rt_wrappers_state_clear(&st->wrappers);
-    rt_alias_state_clear(&st->alias);
-}
-
 static int
 module_exec(PyObject *module)
 {
     rt_state *st = PyModule_GetState(module);
-    if (rt_dict_versions_init() < 0 || rt_state_init(st) < 0 ||
-        rt_inductor_names_init(&st->inductor) < 0 ||
-        rt_thread_locals_init(&st->thread_locals) < 0) {
+    if (rt_dict_versions_init() < 0 || rt_state_init(st) < 0) {
         return -1;
     }
-    st->RuntimeWrapperType = rt_runtime_wrapper_type_new(module);
-    if (st->RuntimeWrapperType == NULL) {
+    st->aot.types.RuntimeWrapperType = rt_runtime_wrapper_type_new(module);
+    if (st->aot.types.RuntimeWrapperType == NULL) {
         return -1;
     }
     if (rt_plan_constants_add(module) < 0 || rt_subclass_constants_add(module) < 0 ||
         PyModule_AddStringConstant(module, "FRAME_PLACEHOLDER", RT_FRAME_PLACEHOLDER) < 0 ||
         PyModule_AddIntConstant(module, "FUNCTION_CALLS_INLINED", RT_PY_INLINES_FUNCTION_CALLS) < 0 ||
-        PyModule_AddType(module, st->RuntimeWrapperType) < 0) {
+        PyModule_AddType(module, st->aot.types.RuntimeWrapperType) < 0) {
         return -1;
     }
     if (rt_autograd_types_init(module, st) < 0 || rt_dynamo_types_init(module, st) < 0 ||
@@ -226,17 +193,13 @@ module_exec(PyObject *module)
 static int
 module_traverse(PyObject *module, visitproc visit, void *arg)
 {
-    rt_state *st = PyModule_GetState(module);
-    int rc = rt_state_traverse(st, visit, arg);
-    return rc != 0 ? rc : layers_traverse(st, visit, arg);
+    return rt_state_traverse(PyModule_GetState(module), visit, arg);
 }
 
 static int
 module_clear(PyObject *module)
 {
-    rt_state *st = PyModule_GetState(module);
-    layers_clear(st);
-    rt_state_clear(st);
+    rt_state_clear(PyModule_GetState(module));
     return 0;
 }
 

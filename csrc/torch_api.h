@@ -1,7 +1,8 @@
 /* torch_api: the one door to torch.
  *
  * Every torch callable, type and constant the C runtime needs is looked up
- * once per process, by rt_torch_bind(), and kept in the module state. The
+ * once per process, by rt_torch_bind() and the layers' binders (state.c),
+ * and kept in the module state. The
  * functions below are the only way the rest of the extension touches torch;
  * each is a thin, exact equivalent of one Python expression upstream writes
  * (named in the comment next to it). The C core links no libtorch: it goes
@@ -18,14 +19,8 @@
 #include <Python.h>
 #include <stdbool.h>
 
-#include "aot/alias_state.h"
-#include "config/config_read.h"
-#include "dynamo/compile_wrapper.h"
-#include "dynamo/disable.h"
-#include "inductor/inductor.h"
-#include "util/thread_local.h"
 #include "torch_cpp_api.h"
-#include "aot/wrappers.h"
+#include "util/finally.h"
 
 /* Tensor methods the epilogue calls, looked up on the class once. */
 enum rt_tensor_method {
@@ -53,195 +48,101 @@ enum rt_epi_route {
     RT_EPI_N_ROUTES
 };
 
-typedef struct rt_state {
-    PyTypeObject *RuntimeWrapperType;
-    int bound;                    /* rt_torch_bind() succeeded */
-
-    /* The C++ part (torch_cpp_api.h), or NULL: the C core alone. The
+/* The door's part of the module state: what it looked up of torch, the
+ * names it reads with, and the C++ part's table. It is the first member of
+ * the module state (state.h), so the door reaches it from an rt_state *
+ * without knowing the layers' parts (rt_door). */
+typedef struct {
+    /* owned references only, visited and cleared as an array (objects.h) */
+    struct {
+        PyObject *cpp_capsule;            /* the C++ part's, or NULL: the C core alone */
+        /* grad mode, view replay (torch._C) */
+        PyObject *is_grad_enabled;
+        PyObject *set_grad_enabled;
+        PyObject *is_view_replay_enabled;
+        PyObject *set_view_replay_enabled;
+        PyObject *args_true;              /* (True,) */
+        PyObject *args_false;             /* (False,) */
+        /* torch._C._DisableAutocast and its unbound __enter__/__exit__ */
+        PyObject *DisableAutocast;
+        PyObject *DisableAutocast_enter;
+        PyObject *DisableAutocast_exit;
+        /* torch.Tensor's and torch.nn.Parameter's methods, and their names */
+        PyObject *tensor_methods[RT_N_TENSOR_METHODS];
+        PyObject *parameter_methods[RT_N_TENSOR_METHODS];
+        PyObject *method_names[RT_N_TENSOR_METHODS];
+        PyObject *requires_grad_descr;    /* torch.Tensor.requires_grad */
+        PyObject *increment_version;      /* torch._C._increment_version */
+        PyObject *TensorAlias;            /* aot_autograd schemas.TensorAlias */
+        /* the profiler's switch */
+        PyObject *profiler_globals;       /* torch.autograd.profiler.__dict__ */
+        PyObject *RecordFunctionFast;     /* torch._C._profiler._RecordFunctionFast */
+        /* saved-tensor hooks (torch._C._autograd) */
+        PyObject *saved_hooks_get_disabled_message;
+        PyObject *saved_hooks_disable;
+        PyObject *saved_hooks_enable;
+        PyObject *saved_hooks_error_message;
+        /* thread-local state */
+        PyObject *functorch_transforms_active; /* torch._C._are_functorch_transforms_active */
+        PyObject *peek_interpreter_stack; /* torch._C._functorch.peek_interpreter_stack */
+        PyObject *is_key_in_tls;          /* torch._C._is_key_in_tls */
+        PyObject *get_obj_in_tls;         /* torch._C._get_obj_in_tls */
+        PyObject *keep_graph;             /* _autograd._get_current_graph_task_keep_graph */
+        /* interned names: the autograd ctx's fields (rt_ctx_get/set) and others */
+        PyObject *str_to_save;
+        PyObject *str_non_differentiable;
+        PyObject *str_materialize_non_diff_grads;
+        PyObject *str_tensors_no_vc_check;
+        PyObject *str_symints;
+        PyObject *str_opaque_objects;
+        PyObject *str_saved_tensors;
+        PyObject *str_external_objects;   /* _external_objects */
+        PyObject *str_alias;
+        PyObject *str_enter;
+        PyObject *str_exit;
+        PyObject *str_is_profiler_enabled;
+        PyObject *str_requires_grad;
+    } obj;
+    struct {
+        PyTypeObject *Tensor;             /* torch.Tensor */
+        PyTypeObject *Parameter;          /* torch.nn.Parameter */
+    } types;
+    int bound;                            /* every layer's bind succeeded (state.c) */
+    /* The C++ part (torch_cpp_api.h), or NULL: the C core alone; the
      * capsule owns the pointer's lifetime. */
     const rt_cpp_api *cpp;
-    PyObject *cpp_capsule;
     /* The same table while cpp is switched off for a same-run comparison
      * (_C._set_cpp_routes): nodes it made still need their own calls. */
     const rt_cpp_api *cpp_loaded;
-
-    /* grad mode, view replay (torch._C) */
-    PyObject *is_grad_enabled;
-    PyObject *set_grad_enabled;
-    PyObject *is_view_replay_enabled;
-    PyObject *set_view_replay_enabled;
     /* The two setters are METH_VARARGS|METH_KEYWORDS builtins on the hot
      * path of every call: we call their C function with prebuilt (True,) /
      * (False,) tuples, skipping the per-call tuple CPython would build.
-     * NULL when a torch version defines them otherwise. */
+     * NULL when a torch version defines them otherwise; self borrowed from
+     * the setter, which obj keeps alive. */
     PyCFunctionWithKeywords set_grad_enabled_c;
     PyObject *set_grad_enabled_self;
     PyCFunctionWithKeywords set_view_replay_enabled_c;
     PyObject *set_view_replay_enabled_self;
-    PyObject *args_true;                  /* (True,) */
-    PyObject *args_false;                 /* (False,) */
-    /* torch._C._DisableAutocast and its unbound __enter__/__exit__ */
-    PyObject *DisableAutocast;
-    PyObject *DisableAutocast_enter;
-    PyObject *DisableAutocast_exit;
-    /* torch.Tensor, torch.nn.Parameter and their methods */
-    PyTypeObject *Tensor;
-    PyTypeObject *Parameter;
-    PyObject *tensor_methods[RT_N_TENSOR_METHODS];
-    PyObject *parameter_methods[RT_N_TENSOR_METHODS];
     int parameter_plain;                  /* Parameter's methods are Tensor's */
-    PyObject *method_names[RT_N_TENSOR_METHODS];
-    PyObject *requires_grad_descr;        /* torch.Tensor.requires_grad */
-    PyObject *increment_version;          /* torch._C._increment_version */
-    PyObject *TensorAlias;                /* aot_autograd schemas.TensorAlias */
-    PyObject *apply_view_meta_sequence;   /* torch._C._functionalization.<same> */
-    /* profiler range */
-    PyObject *profiler_globals;           /* torch.autograd.profiler.__dict__ */
-    PyObject *dynamo_config;              /* torch._dynamo.config */
-    rt_config_reader config_reader;       /* config_read.c: their settings read */
-    rt_thread_locals thread_locals;       /* thread_local.c: Dynamo's threading.locals */
-    PyObject *RecordFunctionFast;         /* torch._C._profiler._RecordFunctionFast */
-    PyObject *prologue_range_name;
-    /* saved-tensor hooks (torch._C._autograd) */
-    PyObject *saved_hooks_get_disabled_message;
-    PyObject *saved_hooks_disable;
-    PyObject *saved_hooks_enable;
-    PyObject *saved_hooks_error_message;
-
-    /* CompiledFunction (autograd_function.c) */
-    PyTypeObject *FunctionApplyType;
-    PyTypeObject *CompiledForwardType;
-    PyTypeObject *CompiledBackwardType;
-    PyTypeObject *BackwardThunkType;
-    PyTypeObject *ApplyBoxedType;
-    PyTypeObject *SavedHooksGuardType;    /* saved_hooks_guard.c */
-    PyTypeObject *SerializableCallType;   /* serializable_call.c */
-    PyTypeObject *ParamsPrependType;      /* params_prepend.c */
-    PyTypeObject *DisabledCallType;       /* dynamo/disable.c */
-    PyTypeObject *BytecodeHelperType;     /* dynamo/bytecode_helper.c */
-    PyTypeObject *CompileWrapperType;     /* dynamo/compile_wrapper.c */
-    PyTypeObject *ModuleCallType;         /* dynamo/optimized_module.c */
-    rt_cw_state cw;
-    PyTypeObject *NullContextType;
-    PyObject *null_context;               /* its one instance */
-    PyObject *str_dynamo_disable;         /* __dynamo_disable */
-    PyObject *str_pregraph_range;         /* "Pregraph bytecode" */
-    Py_ssize_t helper_counts[RT_HELPER_N];
-    /* inductor (inductor/graph_call.c) */
-    PyTypeObject *GraphCallType;
-    PyObject *graph_call_graphs;          /* {id(graph): weakref}: compiled with C on */
-    PyObject *graph_call_last;            /* the weakref of it graph_marked found last */
-    rt_inductor_names inductor;
-    Py_ssize_t graph_call_counts[RT_GRAPH_CALL_N];
-    PyTypeObject *SubclassWrapperType;    /* subclass_wrapper.c */
-    PyObject *str_tensor_unflatten;       /* __tensor_unflatten__ */
-    PyObject *str_clear;                  /* clear */
-    PyObject *FunctionBase;               /* torch._C._FunctionBase */
-    PyObject *function_base_apply;        /* its `apply` classmethod descriptor */
-    PyObject *maybe_clear_saved_tensors;  /* _FunctionBase.maybe_clear_saved_tensors */
-    PyObject *functorch_transforms_active; /* torch._C._are_functorch_transforms_active */
-    PyObject *unwrap_if_dead;             /* torch._C._functorch.unwrap_if_dead */
-    PyObject *peek_interpreter_stack;     /* torch._C._functorch.peek_interpreter_stack */
-    PyObject *deterministic_enabled;      /* torch._C._get_deterministic_algorithms */
-    PyObject *is_key_in_tls;              /* torch._C._is_key_in_tls */
-    PyObject *get_obj_in_tls;             /* torch._C._get_obj_in_tls */
-    PyObject *keep_graph;                 /* _autograd._get_current_graph_task_keep_graph */
-    PyObject *BackwardState;
-    PyObject *SymInt;
-    PyObject *SymFloat;
-    PyObject *unsafe_view;                /* torch.ops.aten._unsafe_view */
-    PyObject *partial;                    /* functools.partial */
-    PyObject *functorch_config;           /* torch._functorch.config */
-    PyObject *process_runtime_tangent;    /* AOTDispatchAutograd.process_runtime_tangent */
-    PyObject *empty_strided;              /* torch.empty_strided */
-    PyObject *call_func_at_runtime;       /* call_func_at_runtime_with_args */
-    /* The release's saved opaque-object check (runtime_wrappers globals
-     * named by the release table: is_opaque_type/OpaqueBase in 2.13,
-     * is_custom_class/CustomClassBase in 2.14). */
-    PyObject *is_opaque_type;
-    PyObject *OpaqueBase;
-    /* Dynamo's external-object registry (graph_bytecode_inputs
-     * .index_to_external_object_weakref, as runtime_wrappers imports it: in
-     * 2.15, a list Dynamo no longer rebinds there once its module global is
-     * replaced, which is what upstream's snapshot reads); NULL on releases
-     * that do not snapshot it. An exact dict (2.14) or list (2.15). */
-    PyObject *external_objects;
-    bool external_objects_is_list;
-    /* The runtime_wrappers global the backward restores the snapshot with
-     * (set_external_object_by_index, 2.15), or NULL: weakref.ref stored in
-     * the registry above (2.14). */
-    PyObject *set_external_object;
-    PyObject *weakref_ref;                /* weakref.ref */
-    /* Dynamo's saved-tensor-hooks guard (saved_hooks_guard.c) */
-    PyObject *top_saved_hooks;            /* torch._C._autograd._top_saved_tensors_default_hooks */
-    PyObject *GraphModule;                /* torch.fx.GraphModule */
-    /* per-call counts of CompiledFunction calls by C++ node decision
-     * (torch_cpp_api.h node_apply: RT_NODE_TAKEN or why not) */
-    Py_ssize_t node_counts[RT_NODE_N_DECLINED];
     Py_ssize_t epi_counts[RT_EPI_N_ROUTES];
-    /* torch._dynamo.disable's wrapper (dynamo/disable.c) */
-    rt_disable_state disable;
-    /* the other compiler wrappers (wrappers.h) */
-    rt_wrappers_state wrappers;
-    /* gen_alias_from_base's other branches (alias_from_base.c) */
-    rt_alias_state alias;
+} rt_torch_state;
 
-    /* interned names and prebuilt constants */
-    PyObject *str_to_save;
-    PyObject *str_non_differentiable;
-    PyObject *str_materialize_non_diff_grads;
-    PyObject *str_tensors_no_vc_check;
-    PyObject *str_symints;
-    PyObject *str_opaque_objects;
-    PyObject *str_saved_tensors;
-    PyObject *str_backward_state;         /* _compiled_autograd_backward_state */
-    PyObject *str_shape;
-    PyObject *str_dtype, *str_device, *str_layout;
-    PyObject *str_boxed_call;
-    PyObject *str_context;
-    PyObject *str_run;
-    PyObject *str_backward;
-    PyObject *str_vjp;
-    PyObject *str_get_or_compile;
-    PyObject *str_compiled_bw;
-    PyObject *str_bw_donated_idxs;
-    PyObject *str_donated_buffer;
-    PyObject *str_external_objects;       /* _external_objects */
-    PyObject *str_copy;
-    PyObject *str_debug_assert;
-    PyObject *str_compiled_fn;
-    PyObject *kwnames_use_once;           /* ("saved_tensors_use_once",) */
-    PyObject *kwnames_memory_format;      /* ("memory_format",) */
-    PyObject *kwnames_empty_strided;      /* ("size", "stride", "dtype", "device", "layout", "requires_grad") */
-    PyObject *kwnames_steal_disable_amp;  /* ("steal_args", "disable_amp") */
-    PyObject *str_alias;
-    PyObject *str_dynamic_indices;        /* _dynamo_propagated_dynamic_indices */
-    PyObject *str_is_first;
-    PyObject *str_enter;
-    PyObject *str_exit;
-    PyObject *str_is_profiler_enabled;
-    PyObject *str_record_runtime_overhead;
-    PyObject *str_requires_grad;
-    PyObject *stream_error_message;
-    PyObject *wrapper_qualname;
-} rt_state;
+/* The module state (state.h): the door's part first, then each layer's. */
+typedef struct rt_state rt_state;
 
-int rt_state_init(rt_state *st);          /* interned names: at module exec */
-/* The names a release gives what changed between releases (from the
- * shim's release table, torch_aot_rt/_versions.py). */
-typedef struct {
-    const char *opaque_type_check;        /* runtime_wrappers global */
-    const char *opaque_base;              /* runtime_wrappers global, or NULL (2.11) */
-    const char *external_objects;         /* runtime_wrappers global, or NULL */
-    const char *external_objects_type;    /* its type: "dict" or "list" */
-    const char *external_objects_setter;  /* runtime_wrappers global, or NULL */
-    int input_grad_buffers;               /* the ctx has input_grad_buffers */
-} rt_release_names;
+static inline rt_torch_state *
+rt_door(rt_state *st)
+{
+    return (rt_torch_state *)st; /* its first member (state.h checks it) */
+}
 
-/* torch look-ups: once, after torch imports */
-int rt_torch_bind(rt_state *st, const rt_release_names *names, PyObject *cpp_capsule);
-int rt_state_traverse(rt_state *st, visitproc visit, void *arg);
-void rt_state_clear(rt_state *st);
+/* The door's life, driven by state.c's table with the layers': its
+ * interned names at module exec; torch's look-ups and the C++ part's
+ * table (a capsule, or None) once torch imports; GC support. */
+int rt_torch_init(rt_state *st);
+int rt_torch_bind(rt_state *st, PyObject *cpp_capsule, int input_grad_buffers);
+int rt_torch_traverse(rt_state *st, visitproc visit, void *arg);
+void rt_torch_clear(rt_state *st);
 
 /* bool(fn()): 1, 0, or -1 with an exception set */
 int rt_call_predicate(PyObject *fn);
@@ -359,12 +260,6 @@ PyObject *rt_alias_by_view_replay(rt_state *st, PyObject *base, PyObject *target
  * _dynamo_weak_dynamic_indices) */
 int rt_mark_dynamic_indices(rt_state *st, PyObject *t, PyObject *dims, PyObject *name);
 
-/* record_runtime_wrapper_prologue_enter(): *range is set to the entered
- * range object, or NULL when the profiler or the config is off. */
-int rt_prologue_range_enter(rt_state *st, PyObject **range);
-/* record_runtime_wrapper_prologue_exit(): clears *range; keeps a pending
- * exception. */
-int rt_prologue_range_exit(rt_state *st, PyObject **range);
 
 /* _disable_saved_tensors_hooks(): enter returns the previous message (a new
  * reference, Py_None when hooks were enabled) or NULL; exit restores it. */
@@ -400,12 +295,5 @@ void rt_dispatch_keys_clear(rt_dispatch_keys *k);
 /* torch._C._is_tracing() (is_tracing, that binding): 1, 0, or -1 */
 int rt_jit_tracing(rt_state *st, PyObject *is_tracing);
 
-/* Cleanup that runs while an exception may be pending (a `finally:`):
- * rt_finally_begin stashes it; rt_finally_end puts it back, or, when the
- * cleanup itself raised, keeps the new one with the old as __context__,
- * exactly as Python does. Returns -1 when an exception is set at the end. */
-typedef struct { PyObject *type, *value, *tb; } rt_pending_error;
-void rt_finally_begin(rt_pending_error *saved);
-int rt_finally_end(rt_pending_error *saved, int cleanup_ok);
 
 #endif

@@ -14,7 +14,7 @@
  * only the Python frames of gen_alias_from_base and patch_requires_grad are
  * gone.
  */
-#include "torch_api.h"
+#include "state.h"
 
 /* gen_alias_from_base's patch_requires_grad(out); steals `out`:
  *   if base.requires_grad and not target_requires_grad: out = out.detach()
@@ -57,7 +57,7 @@ shape_mismatch_error(rt_state *st, PyObject *out, PyObject *target)
     PyObject *shapes[2] = {NULL, NULL};
     PyObject *objs[2] = {out, target};
     for (int k = 0; k < 2; k++) {
-        PyObject *shape = PyObject_GetAttr(objs[k], st->str_shape);
+        PyObject *shape = PyObject_GetAttr(objs[k], st->aot.obj.str_shape);
         shapes[k] = shape ? PySequence_Tuple(shape) : NULL;
         Py_XDECREF(shape);
         if (shapes[k] == NULL) {
@@ -79,26 +79,26 @@ rt_alias_by_view_replay(rt_state *st, PyObject *base, PyObject *target,
     /* Upstream's branch reads out.shape, target.shape and base.requires_grad
      * (getters a TorchFunctionMode takes) and calls out.detach(). */
     if (sequence_cpp == NULL) {
-        if (st->cpp != NULL) {
-            st->epi_counts[RT_EPI_NOT_OFFERED]++;
+        if (st->torch.cpp != NULL) {
+            st->torch.epi_counts[RT_EPI_NOT_OFFERED]++;
         }
     }
     else if (rt_cpp_tensor_op_ok(st, base, target)) {
         PyObject *out = NULL;
-        int rc = st->cpp->epi_view_replay(sequence_cpp, base, target, requires_grad, &out);
+        int rc = st->torch.cpp->epi_view_replay(sequence_cpp, base, target, requires_grad, &out);
         if (rt_cpp_answered(st, rc)) {
             return out;
         }
     }
     PyObject *argv[2] = {base, sequence};
-    PyObject *out = PyObject_Vectorcall(st->apply_view_meta_sequence, argv, 2, NULL);
+    PyObject *out = PyObject_Vectorcall(st->aot.obj.apply_view_meta_sequence, argv, 2, NULL);
     if (out == NULL) {
         return NULL;
     }
     /* if out.shape != target_meta_tensor.shape: raise AssertionError (the
      * getters, as upstream reads them: a TorchFunctionMode sees them) */
-    PyObject *out_shape = PyObject_GetAttr(out, st->str_shape);
-    PyObject *target_shape = out_shape ? PyObject_GetAttr(target, st->str_shape) : NULL;
+    PyObject *out_shape = PyObject_GetAttr(out, st->aot.obj.str_shape);
+    PyObject *target_shape = out_shape ? PyObject_GetAttr(target, st->aot.obj.str_shape) : NULL;
     int same = target_shape ? PyObject_RichCompareBool(out_shape, target_shape, Py_EQ) : -1;
     Py_XDECREF(out_shape);
     Py_XDECREF(target_shape);
@@ -166,7 +166,7 @@ as_strided_like(rt_state *st, PyObject *t, PyObject *src)
         (argv[3] = rt_tensor_call(st, RT_STORAGE_OFFSET, src, NULL, 0)) == NULL) {
         goto done;
     }
-    out = PyObject_VectorcallMethod(st->alias.str_as_strided, argv,
+    out = PyObject_VectorcallMethod(st->aot.alias.str_as_strided, argv,
                                     4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 done:
     Py_XDECREF(argv[1]);
@@ -197,7 +197,7 @@ alias_by_view_func(rt_state *st, PyObject *abt, PyObject *target, PyObject *b,
     if (reshaped == NULL) {
         return NULL;
     }
-    PyObject *out = PyObject_CallMethodOneArg(target, st->alias.str_view_func, reshaped);
+    PyObject *out = PyObject_CallMethodOneArg(target, st->aot.alias.str_view_func, reshaped);
     Py_DECREF(reshaped);
     if (out == NULL) {
         return NULL;
@@ -206,7 +206,7 @@ alias_by_view_func(rt_state *st, PyObject *abt, PyObject *target, PyObject *b,
         Py_DECREF(out);
         return NULL;
     }
-    int same = attrs_compare(out, target, st->str_shape, Py_EQ);
+    int same = attrs_compare(out, target, st->aot.obj.str_shape, Py_EQ);
     if (same <= 0) {
         Py_DECREF(out);
         return NULL;
@@ -218,7 +218,7 @@ alias_by_view_func(rt_state *st, PyObject *abt, PyObject *target, PyObject *b,
 static int
 is_complex(rt_state *st, PyObject *t)
 {
-    PyObject *r = PyObject_CallMethodNoArgs(t, st->alias.str_is_complex);
+    PyObject *r = PyObject_CallMethodNoArgs(t, st->aot.alias.str_is_complex);
     int v = r ? PyObject_IsTrue(r) : -1;
     Py_XDECREF(r);
     return v;
@@ -230,10 +230,10 @@ other_storage(rt_state *st, PyObject *abt, PyObject *target)
 {
     PyObject *sa = NULL, *sb = NULL, *ca = NULL, *cb = NULL;
     int r = -1;
-    if ((sa = PyObject_CallMethodNoArgs(abt, st->alias.str_untyped_storage)) == NULL ||
-        (ca = PyObject_GetAttr(sa, st->alias.str_cdata)) == NULL ||
-        (sb = PyObject_CallMethodNoArgs(target, st->alias.str_untyped_storage)) == NULL ||
-        (cb = PyObject_GetAttr(sb, st->alias.str_cdata)) == NULL) {
+    if ((sa = PyObject_CallMethodNoArgs(abt, st->aot.alias.str_untyped_storage)) == NULL ||
+        (ca = PyObject_GetAttr(sa, st->aot.alias.str_cdata)) == NULL ||
+        (sb = PyObject_CallMethodNoArgs(target, st->aot.alias.str_untyped_storage)) == NULL ||
+        (cb = PyObject_GetAttr(sb, st->aot.alias.str_cdata)) == NULL) {
         goto done;
     }
     r = PyObject_RichCompareBool(ca, cb, Py_NE);
@@ -289,7 +289,7 @@ alias_by_as_strided(rt_state *st, PyObject *abt, PyObject *target, int target_re
             goto done;
         }
         if (!tc) {
-            src = PyObject_CallOneArg(st->alias.view_as_real, abt);
+            src = PyObject_CallOneArg(st->aot.alias.view_as_real, abt);
             if (src == NULL) {
                 goto done;
             }
@@ -305,13 +305,13 @@ alias_by_as_strided(rt_state *st, PyObject *abt, PyObject *target, int target_re
             if (tc < 0) {
                 goto done;
             }
-            if (tc && (src = PyObject_CallOneArg(st->alias.view_as_complex, abt)) == NULL) {
+            if (tc && (src = PyObject_CallOneArg(st->aot.alias.view_as_complex, abt)) == NULL) {
                 goto done;
             }
         }
     }
     argv[0] = src != NULL ? src : abt;
-    out = PyObject_VectorcallMethod(st->alias.str_as_strided, argv,
+    out = PyObject_VectorcallMethod(st->aot.alias.str_as_strided, argv,
                                     4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     if (out == NULL) {
         goto done;
@@ -322,17 +322,17 @@ alias_by_as_strided(rt_state *st, PyObject *abt, PyObject *target, int target_re
     }
     /* if aliased_out.dtype != target.dtype: aliased_out.view(target.dtype) */
     {
-        int differs = attrs_compare(out, target, st->str_dtype, Py_NE);
+        int differs = attrs_compare(out, target, st->aot.obj.str_dtype, Py_NE);
         if (differs < 0) {
             Py_CLEAR(out);
         }
         else if (differs) {
-            PyObject *dtype = PyObject_GetAttr(target, st->str_dtype);
+            PyObject *dtype = PyObject_GetAttr(target, st->aot.obj.str_dtype);
             if (dtype == NULL) {
                 Py_CLEAR(out);
             }
             else {
-                Py_SETREF(out, PyObject_CallMethodOneArg(out, st->alias.str_view, dtype));
+                Py_SETREF(out, PyObject_CallMethodOneArg(out, st->aot.alias.str_view, dtype));
                 Py_DECREF(dtype);
             }
         }
@@ -351,12 +351,12 @@ rt_alias_from_base(rt_state *st, PyObject *base, PyObject *target, int target_re
 {
     /* if target._base is not None: b = target._base (read twice, as
      * upstream does; a TorchFunctionMode sees both) */
-    PyObject *b = PyObject_GetAttr(target, st->alias.str_base);
+    PyObject *b = PyObject_GetAttr(target, st->aot.alias.str_base);
     if (b == NULL) {
         return NULL;
     }
     if (b != Py_None) {
-        Py_SETREF(b, PyObject_GetAttr(target, st->alias.str_base));
+        Py_SETREF(b, PyObject_GetAttr(target, st->aot.alias.str_base));
         if (b == NULL) {
             return NULL;
         }

@@ -12,6 +12,7 @@
 
 #include "util/intern_names.h"
 
+/* owned references only: traversed and cleared as an array (objects.h) */
 typedef struct {
     PyObject *str_base;             /* _base */
     PyObject *str_view_func;        /* _view_func */
@@ -23,11 +24,6 @@ typedef struct {
     PyObject *view_as_real;         /* torch.view_as_real, bound with torch */
     PyObject *view_as_complex;      /* torch.view_as_complex */
 } rt_alias_state;
-
-#define RT_ALIAS_FIELDS(X)                                                  \
-    X(str_base) X(str_view_func) X(str_as_strided) X(str_is_complex)        \
-    X(str_view) X(str_untyped_storage) X(str_cdata) X(view_as_real)         \
-    X(view_as_complex)
 
 static inline int
 rt_alias_state_init(rt_alias_state *as)
@@ -44,7 +40,7 @@ rt_alias_state_init(rt_alias_state *as)
     return rt_intern_names(as, names, sizeof(names) / sizeof(names[0]));
 }
 
-/* once torch is importable (rt_torch_bind) */
+/* once torch is importable (rt_aot_bind) */
 static inline int
 rt_alias_state_bind(rt_alias_state *as)
 {
@@ -56,23 +52,6 @@ rt_alias_state_bind(rt_alias_state *as)
     Py_XSETREF(as->view_as_complex, PyObject_GetAttrString(torch, "view_as_complex"));
     Py_DECREF(torch);
     return as->view_as_real && as->view_as_complex ? 0 : -1;
-}
-
-static inline int
-rt_alias_state_traverse(rt_alias_state *as, visitproc visit, void *arg)
-{
-#define RT_ALIAS_VISIT(f) Py_VISIT(as->f);
-    RT_ALIAS_FIELDS(RT_ALIAS_VISIT)
-#undef RT_ALIAS_VISIT
-    return 0;
-}
-
-static inline void
-rt_alias_state_clear(rt_alias_state *as)
-{
-#define RT_ALIAS_CLEAR(f) Py_CLEAR(as->f);
-    RT_ALIAS_FIELDS(RT_ALIAS_CLEAR)
-#undef RT_ALIAS_CLEAR
 }
 
 #endif

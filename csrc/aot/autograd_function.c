@@ -27,14 +27,14 @@ rt_autograd_types_init(PyObject *module, rt_state *st)
         PyType_Spec *spec;
         PyTypeObject **slot;
     } types[] = {
-        {&FunctionApply_spec, &st->FunctionApplyType},
-        {&CompiledForward_spec, &st->CompiledForwardType},
-        {&CompiledBackward_spec, &st->CompiledBackwardType},
-        {&BackwardThunk_spec, &st->BackwardThunkType},
-        {&ApplyBoxed_spec, &st->ApplyBoxedType},
-        {&SerializableCall_spec, &st->SerializableCallType},
-        {&ParamsPrepend_spec, &st->ParamsPrependType},
-        {&SubclassWrapper_spec, &st->SubclassWrapperType},
+        {&FunctionApply_spec, &st->aot.types.FunctionApplyType},
+        {&CompiledForward_spec, &st->aot.types.CompiledForwardType},
+        {&CompiledBackward_spec, &st->aot.types.CompiledBackwardType},
+        {&BackwardThunk_spec, &st->aot.types.BackwardThunkType},
+        {&ApplyBoxed_spec, &st->aot.types.ApplyBoxedType},
+        {&SerializableCall_spec, &st->aot.types.SerializableCallType},
+        {&ParamsPrepend_spec, &st->aot.types.ParamsPrependType},
+        {&SubclassWrapper_spec, &st->aot.types.SubclassWrapperType},
     };
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         *types[i].slot = (PyTypeObject *)PyType_FromModuleAndSpec(module, types[i].spec, NULL);

@@ -164,8 +164,8 @@ save_from_forward(CompiledForward *self, PyObject *ctx, PyObject *fw_outs)
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(symints); i++) {
         PyObject *x = PyList_GET_ITEM(symints, i);
         int ok = PyLong_Check(x) || PyFloat_Check(x);
-        if (!ok && (ok = PyObject_IsInstance(x, st->SymInt)) == 0) {
-            ok = PyObject_IsInstance(x, st->SymFloat);
+        if (!ok && (ok = PyObject_IsInstance(x, st->aot.obj.SymInt)) == 0) {
+            ok = PyObject_IsInstance(x, st->aot.obj.SymFloat);
         }
         if (ok <= 0) {
             if (ok == 0) {
@@ -183,11 +183,11 @@ save_from_forward(CompiledForward *self, PyObject *ctx, PyObject *fw_outs)
         /* is_opaque_type(type(obj)) or isinstance(obj, OpaqueBase), under
          * the release's names (2.11: the first alone, no OpaqueBase bound) */
         PyObject *tp = (PyObject *)Py_TYPE(x);
-        PyObject *r = PyObject_Vectorcall(st->is_opaque_type, &tp, 1, NULL);
+        PyObject *r = PyObject_Vectorcall(st->aot.obj.is_opaque_type, &tp, 1, NULL);
         int ok = r ? PyObject_IsTrue(r) : -1;
         Py_XDECREF(r);
-        if (ok == 0 && st->OpaqueBase != NULL) {
-            ok = PyObject_IsInstance(x, st->OpaqueBase);
+        if (ok == 0 && st->aot.obj.OpaqueBase != NULL) {
+            ok = PyObject_IsInstance(x, st->aot.obj.OpaqueBase);
         }
         if (ok <= 0) {
             if (ok == 0) {
@@ -224,16 +224,16 @@ rewrite_returns(rt_state *st, PyObject *raw, const index_array *where, int unsaf
         PyObject *v;
         if (unsafe_view) {
             /* torch.ops.aten._unsafe_view(o, o.shape) */
-            PyObject *shape = PyObject_GetAttr(o, st->str_shape);
+            PyObject *shape = PyObject_GetAttr(o, st->aot.obj.str_shape);
             if (shape == NULL) {
                 return -1;
             }
             PyObject *argv[2] = {o, shape};
-            v = PyObject_Vectorcall(st->unsafe_view, argv, 2, NULL);
+            v = PyObject_Vectorcall(st->aot.obj.unsafe_view, argv, 2, NULL);
             Py_DECREF(shape);
         }
         else {
-            v = PyObject_CallOneArg(st->TensorAlias, o);
+            v = PyObject_CallOneArg(st->torch.obj.TensorAlias, o);
         }
         if (v == NULL || PyList_SetItem(raw, i, v) < 0) {
             return -1;
@@ -281,7 +281,7 @@ snapshot_list(PyObject *registry, PyObject *snapshot)
 static int
 snapshot_external_objects(rt_state *st, PyObject *ctx, bool is_list)
 {
-    PyObject *registry = st->external_objects;
+    PyObject *registry = st->aot.obj.external_objects;
     PyObject *snapshot = PyDict_New();
     if (snapshot == NULL) {
         return -1;
@@ -328,7 +328,7 @@ static int
 debug_assert_checks(CompiledForward *self, PyObject *raw)
 {
     rt_state *st = self->st;
-    PyObject *flag = rt_config_read(st, st->functorch_config, st->str_debug_assert);
+    PyObject *flag = rt_config_read(st, st->aot.obj.functorch_config, st->aot.obj.str_debug_assert);
     int on = flag ? PyObject_IsTrue(flag) : -1;
     Py_XDECREF(flag);
     if (on <= 0) {
@@ -346,7 +346,7 @@ debug_assert_checks(CompiledForward *self, PyObject *raw)
     }
     if (self->debug_outputs_aliased) {
         for (Py_ssize_t i = self->debug_num_mutated + self->debug_num_outputs; i < n; i++) {
-            int alias = PyObject_IsInstance(PyList_GET_ITEM(raw, i), st->TensorAlias);
+            int alias = PyObject_IsInstance(PyList_GET_ITEM(raw, i), st->torch.obj.TensorAlias);
             if (alias < 0) {
                 return -1;
             }
@@ -440,7 +440,7 @@ CompiledForward_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
             return NULL;
         }
         PyObject *bw_state = args[self->backward_state_index];
-        int ok = PyObject_IsInstance(bw_state, st->BackwardState);
+        int ok = PyObject_IsInstance(bw_state, st->aot.obj.BackwardState);
         if (ok <= 0) {
             if (ok == 0) {
                 PyErr_Format(PyExc_AssertionError, "expected BackwardState, got %S",
@@ -448,7 +448,7 @@ CompiledForward_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
             }
             return NULL;
         }
-        if (PyObject_SetAttr(ctx, st->str_backward_state, bw_state) < 0) {
+        if (PyObject_SetAttr(ctx, st->aot.obj.str_backward_state, bw_state) < 0) {
             return NULL;
         }
     }
@@ -578,16 +578,16 @@ CompiledForward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         rt_plan_bool(kwargs, "external_objects_list", &is_list) < 0) {
         goto fail;
     }
-    if (snapshot && self->st->external_objects == NULL) {
+    if (snapshot && self->st->aot.obj.external_objects == NULL) {
         PyErr_SetString(PyExc_ValueError,
                         "plan: snapshot_external_objects on a torch bound without the registry");
         goto fail;
     }
-    if (snapshot && is_list != self->st->external_objects_is_list) {
+    if (snapshot && is_list != self->st->aot.external_objects_is_list) {
         PyErr_Format(PyExc_ValueError,
                      "plan: external_objects_list is %s, the registry bound is a %s",
                      is_list ? "True" : "False",
-                     self->st->external_objects_is_list ? "list" : "dict");
+                     self->st->aot.external_objects_is_list ? "list" : "dict");
         goto fail;
     }
     self->snapshot_external_objects = snapshot;

@@ -57,7 +57,7 @@ DebugAssertWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf
             hit = PyObject_IsInstance(a, self->tensor);
         }
         else {
-            PyObject *rg = PyObject_GetAttr(a, self->st->str_requires_grad);
+            PyObject *rg = PyObject_GetAttr(a, self->st->torch.obj.str_requires_grad);
             hit = rg == NULL ? -1 : PyObject_IsTrue(rg);
             Py_XDECREF(rg);
         }

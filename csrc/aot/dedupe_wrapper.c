@@ -50,7 +50,7 @@ static inline int
 inert_arg(rt_state *st, PyObject *a)
 {
     PyTypeObject *t = Py_TYPE(a);
-    return t == st->Tensor || t == st->Parameter || a == Py_None || t == &PyLong_Type ||
+    return t == st->torch.types.Tensor || t == st->torch.types.Parameter || a == Py_None || t == &PyLong_Type ||
            t == &PyBool_Type || t == &PyFloat_Type;
 }
 

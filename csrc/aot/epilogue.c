@@ -68,12 +68,12 @@ apply_mutation(rt_state *st, const rt_plan *plan, const rt_mutation *m,
             /* 2.11/2.12: `if meta.is_leaf and original_inpt.requires_grad: ...
              * else:` reaches the user-stream check for this leaf too */
             if (m->flags & RT_MUT_LEAF_STREAM_ERROR) {
-                PyErr_SetObject(PyExc_RuntimeError, st->stream_error_message);
+                PyErr_SetObject(PyExc_RuntimeError, st->aot.obj.stream_error_message);
                 return -1;
             }
         }
         else if (m->flags & RT_MUT_STREAM_ERROR) {
-            PyErr_SetObject(PyExc_RuntimeError, st->stream_error_message);
+            PyErr_SetObject(PyExc_RuntimeError, st->aot.obj.stream_error_message);
             return -1;
         }
         return rt_tensor_copy_(st, orig, updated, 0);

@@ -5,7 +5,7 @@
 #define TORCH_AOT_RT_EPILOGUE_H
 
 #include "plan.h"
-#include "torch_api.h"
+#include "state.h"
 
 /* all_outs: the normalised list from the compiled function. captured: the
  * inputs kept past the call, by slot. Returns the user-visible outputs. */

@@ -41,12 +41,12 @@ node_apply(FunctionApply *self, PyObject *args, int functorch_active)
     int reason = RT_NODE_FUNCTORCH;
     PyObject *result = NULL;
     if (!functorch_active) {
-        result = st->cpp->node_apply(self->node_cls, args, &reason);
+        result = st->torch.cpp->node_apply(self->node_cls, args, &reason);
         if (result == NULL && reason == RT_NODE_TAKEN) {
             return NULL; /* raised */
         }
     }
-    st->node_counts[reason]++;
+    st->aot.node_counts[reason]++;
     return result;
 }
 
@@ -70,7 +70,7 @@ apply_unwrapped(FunctionApply *self, PyObject *args)
         if (is_tensor < 0) {
             break;
         }
-        stack[filled] = is_tensor ? PyObject_Vectorcall(st->unwrap_if_dead, &arg, 1, NULL)
+        stack[filled] = is_tensor ? PyObject_Vectorcall(st->aot.obj.unwrap_if_dead, &arg, 1, NULL)
                                   : Py_NewRef(arg);
         if (stack[filled] == NULL) {
             break;
@@ -106,7 +106,7 @@ FunctionApply_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
     }
     PyObject *result = NULL;
     int active = -2; /* not asked yet */
-    if (self->node_cls != NULL && st->cpp != NULL) {
+    if (self->node_cls != NULL && st->torch.cpp != NULL) {
         active = rt_functorch_transforms_active(st);
         if (active < 0) {
             goto done;
@@ -145,7 +145,7 @@ FunctionApply_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     rt_state *st = self->st;
-    int sub = PyType_Check(cls) ? PyObject_IsSubclass(cls, st->FunctionBase) : 0;
+    int sub = PyType_Check(cls) ? PyObject_IsSubclass(cls, st->aot.obj.FunctionBase) : 0;
     if (sub <= 0) {
         if (sub == 0) {
             PyErr_SetString(PyExc_ValueError, "plan: FunctionApply needs an autograd.Function class");
@@ -153,8 +153,8 @@ FunctionApply_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         Py_DECREF(self);
         return NULL;
     }
-    descrgetfunc get = Py_TYPE(st->function_base_apply)->tp_descr_get;
-    self->apply_base = get ? get(st->function_base_apply, NULL, cls) : NULL;
+    descrgetfunc get = Py_TYPE(st->aot.obj.function_base_apply)->tp_descr_get;
+    self->apply_base = get ? get(st->aot.obj.function_base_apply, NULL, cls) : NULL;
     self->apply_python = PyObject_GetAttrString(cls, "apply");
     if (self->apply_base == NULL || self->apply_python == NULL) {
         if (!PyErr_Occurred()) {

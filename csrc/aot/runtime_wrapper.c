@@ -44,7 +44,7 @@ static PyObject *
 bind_args(RuntimeWrapper *self, PyObject *const *argv, Py_ssize_t nargs,
           PyObject *kwnames)
 {
-    PyObject *qualname = self->st->wrapper_qualname;
+    PyObject *qualname = self->st->aot.obj.wrapper_qualname;
     PyObject *args = nargs >= 1 ? argv[0] : NULL;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t k = 0; k < nkw; k++) {
@@ -315,7 +315,7 @@ invoke(RuntimeWrapper *self, PyObject *args, PyObject **range)
         PyObject *first = Py_NewRef(self->first_invocation);
         first_cm = PyObject_CallNoArgs(first);
         if (first_cm != NULL) {
-            PyObject *pending = PyObject_GetAttr(first, st->str_is_first);
+            PyObject *pending = PyObject_GetAttr(first, st->aot.obj.str_is_first);
             int still = pending ? PyObject_IsTrue(pending) : -1;
             Py_XDECREF(pending);
             if (still < 0) {
@@ -481,7 +481,7 @@ RuntimeWrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     rt_state *st = PyModule_GetState(module);
-    if (!st->bound) {
+    if (!st->torch.bound) {
         PyErr_SetString(PyExc_RuntimeError,
                         "torch_aot_rt._C: _bind_torch() must be called before "
                         "building a RuntimeWrapper");

@@ -30,7 +30,7 @@ SerializableCall_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
                         "__call__() missing 1 required positional argument: 'self'");
         return NULL;
     }
-    PyObject *fn = PyObject_GetAttr(argv[0], self->st->str_compiled_fn);
+    PyObject *fn = PyObject_GetAttr(argv[0], self->st->aot.obj.str_compiled_fn);
     if (fn == NULL) {
         return NULL;
     }

@@ -41,72 +41,10 @@
  * first. Both are reads of the graph's output list, which has no behaviour
  * of its own.
  * ====================================================================== */
-#include "fn_object.h"
+#include "aot/subclass_program.h"
 
 #include <string.h>
 
-/* The instructions (torch_aot_rt/_kinds.py SC_*). "append" is to the flat
- * argument list of the graph (`unwrapped_args`); "outs" is what the graph
- * returned (`unwrapped_outs`). */
-enum sc_op {
-    SC_ARG = 0,         /* append args[a] */
-    SC_NONE = 1,        /* append None (an input inductor froze) */
-    SC_LOAD_CHECKED = 2,/* r[a] = args[b]; assert type(r[a]) is obj */
-    SC_GETATTR = 3,     /* r[a] = getattr(r[b], obj) */
-    SC_APPEND_ATTR = 4, /* append getattr(r[b], obj) */
-    SC_APPEND = 5,      /* append r[a] */
-    SC_SIZE = 6,        /* s = (getattr(r[a], obj) if obj else r[a]).size(); append s[i] for i in idx */
-    SC_STRIDE = 7,      /* the same with stride() */
-    SC_OUT = 8,         /* r[a] = outs[b], or outs[cursor++] when b is -1 */
-    SC_OPT_SKIP = 9,    /* 2.14's optional SymInt output: later counts a (min), b (max) */
-    SC_DICT = 10,       /* r[a] = {obj[k]: r[idx[k]]} */
-    SC_TUPLE = 11,      /* r[a] = obj with each item k where idx[k] >= 0 replaced by r[idx[k]]
-                         * (obj itself when no item is: a folded constant) */
-    SC_UNFLATTEN = 12,  /* r[a] = obj.__tensor_unflatten__(r[b], obj2, size, stride): size is
-                         * r[c], or r[c].size() when idx[0]; stride r[d] or r[d].stride() when idx[1] */
-    SC_N_OPS
-};
-
-typedef struct {
-    int op;
-    Py_ssize_t a, b, c, d;
-    PyObject *obj;      /* owned, or NULL */
-    PyObject *obj2;     /* owned, or NULL */
-    Py_ssize_t n;       /* idx */
-    Py_ssize_t *idx;
-} sc_instr;
-
-typedef struct {
-    sc_instr *code;
-    Py_ssize_t n;
-} sc_program;
-
-/* how the activations saved for backward are returned after the outputs */
-enum sc_tail { SC_TAIL_NONE = 0, SC_TAIL_FROM = 1, SC_TAIL_FROM_END = 2 };
-
-int
-rt_subclass_constants_add(PyObject *module)
-{
-    /* what the program is written with (torch_aot_rt/_kinds.py reads them) */
-    static const struct {
-        const char *name;
-        int value;
-    } constants[] = {
-        {"SC_ARG", SC_ARG}, {"SC_NONE", SC_NONE}, {"SC_LOAD_CHECKED", SC_LOAD_CHECKED},
-        {"SC_GETATTR", SC_GETATTR}, {"SC_APPEND_ATTR", SC_APPEND_ATTR},
-        {"SC_APPEND", SC_APPEND}, {"SC_SIZE", SC_SIZE}, {"SC_STRIDE", SC_STRIDE},
-        {"SC_OUT", SC_OUT}, {"SC_OPT_SKIP", SC_OPT_SKIP}, {"SC_DICT", SC_DICT},
-        {"SC_TUPLE", SC_TUPLE}, {"SC_UNFLATTEN", SC_UNFLATTEN},
-        {"SC_TAIL_NONE", SC_TAIL_NONE}, {"SC_TAIL_FROM", SC_TAIL_FROM},
-        {"SC_TAIL_FROM_END", SC_TAIL_FROM_END},
-    };
-    for (size_t i = 0; i < sizeof(constants) / sizeof(constants[0]); i++) {
-        if (PyModule_AddIntConstant(module, constants[i].name, constants[i].value) < 0) {
-            return -1;
-        }
-    }
-    return 0;
-}
 
 typedef struct {
     RT_FN_HEAD
@@ -322,7 +260,7 @@ sc_optional_skip(SubclassWrapper *self, const sc_instr *in, PyObject *outs, Py_s
         /* isinstance(x, (int, SymInt)) */
         include = PyLong_Check(v);
         if (!include) {
-            include = PyObject_IsInstance(v, self->st->SymInt);
+            include = PyObject_IsInstance(v, self->st->aot.obj.SymInt);
         }
         Py_DECREF(v);
         if (include < 0) {
@@ -344,7 +282,7 @@ sc_unflatten(SubclassWrapper *self, const sc_instr *in, PyObject **r)
 {
     /* `T.__tensor_unflatten__(inner, meta, size, stride)`: the method looked
      * up on the type first, then the arguments in order */
-    PyObject *fn = PyObject_GetAttr(in->obj, self->st->str_tensor_unflatten);
+    PyObject *fn = PyObject_GetAttr(in->obj, self->st->aot.obj.str_tensor_unflatten);
     if (fn == NULL) {
         return NULL;
     }
@@ -486,7 +424,7 @@ sc_clear_args(SubclassWrapper *self, PyObject *args)
     if (PyList_CheckExact(args)) {
         return PyList_SetSlice(args, 0, PyList_GET_SIZE(args), NULL);
     }
-    PyObject *res = PyObject_CallMethodNoArgs(args, self->st->str_clear);
+    PyObject *res = PyObject_CallMethodNoArgs(args, self->st->aot.obj.str_clear);
     Py_XDECREF(res);
     return res == NULL ? -1 : 0;
 }
@@ -667,180 +605,6 @@ done:
     return result;
 }
 
-/* ---- construction: the program, validated once ------------------------ */
-
-static void
-sc_program_free(sc_program *p)
-{
-    if (p->code == NULL) {
-        return;
-    }
-    for (Py_ssize_t i = 0; i < p->n; i++) {
-        Py_CLEAR(p->code[i].obj);
-        Py_CLEAR(p->code[i].obj2);
-        PyMem_Free(p->code[i].idx);
-        p->code[i].idx = NULL;
-    }
-    PyMem_Free(p->code);
-    p->code = NULL;
-    p->n = 0;
-}
-
-static int
-sc_bad(const char *what, Py_ssize_t pc, const char *why)
-{
-    PyErr_Format(PyExc_ValueError, "SubclassWrapper plan: %s[%zd]: %s", what, pc, why);
-    return -1;
-}
-
-static int
-sc_ssize(PyObject *v, Py_ssize_t *out)
-{
-    if (!PyLong_Check(v)) {
-        return -1;
-    }
-    *out = PyLong_AsSsize_t(v);
-    if (*out == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return -1;
-    }
-    return 0;
-}
-
-/* A register must be in range and (when read) written by an earlier
- * instruction: the call never reads an empty register. */
-static int
-sc_reg(Py_ssize_t reg, Py_ssize_t n_regs, const char *written, bool read)
-{
-    return reg >= 0 && reg < n_regs && (!read || written[reg]);
-}
-
-/* Parses (op, a, b, c, d, obj, obj2, idx) tuples; `unwrap` says which
- * instructions are allowed. */
-static int
-sc_program_parse(PyObject *tuple, const char *what, bool unwrap, Py_ssize_t n_regs,
-                 Py_ssize_t n_inputs, char *written, Py_ssize_t *appends, sc_program *p)
-{
-    if (!PyTuple_Check(tuple)) {
-        PyErr_Format(PyExc_ValueError, "SubclassWrapper plan: %s must be a tuple", what);
-        return -1;
-    }
-    Py_ssize_t n = PyTuple_GET_SIZE(tuple);
-    p->code = PyMem_Calloc(n ? (size_t)n : 1, sizeof(sc_instr));
-    if (p->code == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    p->n = n;
-    for (Py_ssize_t pc = 0; pc < n; pc++) {
-        PyObject *t = PyTuple_GET_ITEM(tuple, pc);
-        sc_instr *in = &p->code[pc];
-        Py_ssize_t op;
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 8 || sc_ssize(PyTuple_GET_ITEM(t, 0), &op) < 0 ||
-            sc_ssize(PyTuple_GET_ITEM(t, 1), &in->a) < 0 || sc_ssize(PyTuple_GET_ITEM(t, 2), &in->b) < 0 ||
-            sc_ssize(PyTuple_GET_ITEM(t, 3), &in->c) < 0 || sc_ssize(PyTuple_GET_ITEM(t, 4), &in->d) < 0 ||
-            !PyTuple_Check(PyTuple_GET_ITEM(t, 7))) {
-            return sc_bad(what, pc, "not an (op, a, b, c, d, obj, obj2, idx) tuple of ints");
-        }
-        if (op < 0 || op >= SC_N_OPS) {
-            return sc_bad(what, pc, "unknown op");
-        }
-        in->op = (int)op;
-        PyObject *obj = PyTuple_GET_ITEM(t, 5), *obj2 = PyTuple_GET_ITEM(t, 6);
-        in->obj = obj == Py_None ? NULL : Py_NewRef(obj);
-        in->obj2 = Py_NewRef(obj2);  /* __tensor_unflatten__'s meta may be None */
-        PyObject *idx = PyTuple_GET_ITEM(t, 7);
-        in->n = PyTuple_GET_SIZE(idx);
-        in->idx = PyMem_Calloc(in->n ? (size_t)in->n : 1, sizeof(Py_ssize_t));
-        if (in->idx == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        for (Py_ssize_t j = 0; j < in->n; j++) {
-            if (sc_ssize(PyTuple_GET_ITEM(idx, j), &in->idx[j]) < 0) {
-                return sc_bad(what, pc, "idx must be ints");
-            }
-        }
-        bool is_unwrap_op = in->op <= SC_STRIDE;
-        if (is_unwrap_op != unwrap) {
-            return sc_bad(what, pc, unwrap ? "not an unwrap instruction" : "not a wrap instruction");
-        }
-        bool ok = true;
-        switch (in->op) {
-        case SC_ARG:
-            ok = in->a >= 0 && in->a < n_inputs;
-            ++*appends;
-            break;
-        case SC_NONE:
-            ++*appends;
-            break;
-        case SC_LOAD_CHECKED:
-            ok = sc_reg(in->a, n_regs, written, false) && in->b >= 0 && in->b < n_inputs &&
-                 in->obj != NULL && PyType_Check(in->obj);
-            if (ok) written[in->a] = 1;
-            break;
-        case SC_GETATTR:
-            ok = sc_reg(in->a, n_regs, written, false) && sc_reg(in->b, n_regs, written, true) &&
-                 in->obj != NULL && PyUnicode_Check(in->obj);
-            if (ok) written[in->a] = 1;
-            break;
-        case SC_APPEND_ATTR:
-            ok = sc_reg(in->b, n_regs, written, true) && in->obj != NULL && PyUnicode_Check(in->obj);
-            ++*appends;
-            break;
-        case SC_APPEND:
-            ok = sc_reg(in->a, n_regs, written, true);
-            ++*appends;
-            break;
-        case SC_SIZE:
-        case SC_STRIDE:
-            ok = sc_reg(in->a, n_regs, written, true) && (in->obj == NULL || PyUnicode_Check(in->obj));
-            for (Py_ssize_t j = 0; ok && j < in->n; j++) {
-                ok = in->idx[j] >= 0;
-            }
-            *appends += in->n;
-            break;
-        case SC_OUT:
-            ok = sc_reg(in->a, n_regs, written, false) && in->b >= -1;
-            if (ok) written[in->a] = 1;
-            break;
-        case SC_OPT_SKIP:
-            ok = in->a >= 0 && in->b >= 0;
-            break;
-        case SC_DICT:
-            ok = sc_reg(in->a, n_regs, written, false) && in->obj != NULL && PyTuple_Check(in->obj) &&
-                 PyTuple_GET_SIZE(in->obj) == in->n;
-            for (Py_ssize_t j = 0; ok && j < in->n; j++) {
-                ok = sc_reg(in->idx[j], n_regs, written, true);
-            }
-            if (ok) written[in->a] = 1;
-            break;
-        case SC_TUPLE:
-            ok = sc_reg(in->a, n_regs, written, false) && in->obj != NULL && PyTuple_CheckExact(in->obj) &&
-                 PyTuple_GET_SIZE(in->obj) == in->n;
-            in->c = 1;  /* constant: no item from a register (computed, not read) */
-            for (Py_ssize_t j = 0; ok && j < in->n; j++) {
-                ok = in->idx[j] == -1 || sc_reg(in->idx[j], n_regs, written, true);
-                if (in->idx[j] != -1) {
-                    in->c = 0;
-                }
-            }
-            if (ok) written[in->a] = 1;
-            break;
-        case SC_UNFLATTEN:
-            ok = sc_reg(in->a, n_regs, written, false) && sc_reg(in->b, n_regs, written, true) &&
-                 sc_reg(in->c, n_regs, written, true) && sc_reg(in->d, n_regs, written, true) &&
-                 in->obj != NULL && in->n == 2;
-            if (ok) written[in->a] = 1;
-            break;
-        }
-        if (!ok) {
-            return sc_bad(what, pc, "operands out of range, or a register read before it is written");
-        }
-    }
-    return 0;
-}
-
 static PyObject *
 SubclassWrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
@@ -891,9 +655,9 @@ SubclassWrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         goto fail;
     }
     Py_ssize_t appends = 0;
-    if (sc_program_parse(unwrap, "unwrap", true, n_regs, n_inputs, written, &appends,
+    if (rt_sc_program_parse(unwrap, "unwrap", true, n_regs, n_inputs, written, &appends,
                          &self->unwrap) < 0 ||
-        sc_program_parse(wrap, "wrap", false, n_regs, n_inputs, written, &appends,
+        rt_sc_program_parse(wrap, "wrap", false, n_regs, n_inputs, written, &appends,
                          &self->wrap) < 0) {
         PyMem_Free(written);
         goto fail;
@@ -908,8 +672,8 @@ SubclassWrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         goto fail;
     }
     for (Py_ssize_t j = 0; j < self->n_results; j++) {
-        if (sc_ssize(PyTuple_GET_ITEM(results, j), &self->results[j]) < 0 ||
-            !sc_reg(self->results[j], n_regs, written, true)) {
+        if (rt_sc_ssize(PyTuple_GET_ITEM(results, j), &self->results[j]) < 0 ||
+            !rt_sc_reg(self->results[j], n_regs, written, true)) {
             PyErr_SetString(PyExc_ValueError,
                             "SubclassWrapper plan: results must be written registers");
             PyMem_Free(written);
@@ -919,8 +683,8 @@ SubclassWrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     PyMem_Free(written);
     if (count_check != Py_None) {
         if (!PyTuple_Check(count_check) || PyTuple_GET_SIZE(count_check) != 2 ||
-            sc_ssize(PyTuple_GET_ITEM(count_check, 0), &self->count_min) < 0 ||
-            sc_ssize(PyTuple_GET_ITEM(count_check, 1), &self->count_max) < 0 ||
+            rt_sc_ssize(PyTuple_GET_ITEM(count_check, 0), &self->count_min) < 0 ||
+            rt_sc_ssize(PyTuple_GET_ITEM(count_check, 1), &self->count_max) < 0 ||
             self->count_min < 0 || self->count_max < self->count_min || !self->cursor) {
             PyErr_SetString(PyExc_ValueError,
                             "SubclassWrapper plan: count_check must be None or (min, max) "
@@ -935,24 +699,14 @@ fail:
 }
 
 static int
-sc_program_traverse(sc_program *p, visitproc visit, void *arg)
-{
-    for (Py_ssize_t i = 0; p->code != NULL && i < p->n; i++) {
-        Py_VISIT(p->code[i].obj);
-        Py_VISIT(p->code[i].obj2);
-    }
-    return 0;
-}
-
-static int
 SubclassWrapper_traverse(SubclassWrapper *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->module);
     Py_VISIT(self->dict);
     Py_VISIT(self->compiled_fn);
-    int rc = sc_program_traverse(&self->unwrap, visit, arg);
-    return rc ? rc : sc_program_traverse(&self->wrap, visit, arg);
+    int rc = rt_sc_program_traverse(&self->unwrap, visit, arg);
+    return rc ? rc : rt_sc_program_traverse(&self->wrap, visit, arg);
 }
 
 static int
@@ -962,8 +716,8 @@ SubclassWrapper_clear(SubclassWrapper *self)
     Py_CLEAR(self->compiled_fn);
     /* the programs' objects (types, metas, names) are cleared with them; a
      * cleared wrapper is never called again (tp_clear runs on garbage) */
-    sc_program_free(&self->unwrap);
-    sc_program_free(&self->wrap);
+    rt_sc_program_free(&self->unwrap);
+    rt_sc_program_free(&self->wrap);
     return 0;
 }
 

@@ -64,14 +64,14 @@ static PyObject *
 arg_base(SyntheticBaseWrapper *self, PyObject *args, Py_ssize_t i)
 {
     PyObject *a = rt_list_item(args, i);
-    return a == NULL ? NULL : PyObject_GetAttr(a, self->st->wrappers.str_base);
+    return a == NULL ? NULL : PyObject_GetAttr(a, self->st->aot.wrappers.str_base);
 }
 
 /* The base of group k: a new reference, or NULL with an exception set. */
 static PyObject *
 group_base(SyntheticBaseWrapper *self, PyObject *args, Py_ssize_t k)
 {
-    rt_wrappers_state *ws = &self->st->wrappers;
+    rt_wrappers_state *ws = &self->st->aot.wrappers;
     const Py_ssize_t *g = self->group_idx + self->group_start[k];
     Py_ssize_t len = self->group_start[k + 1] - self->group_start[k];
     bool found = false;
@@ -109,14 +109,14 @@ group_base(SyntheticBaseWrapper *self, PyObject *args, Py_ssize_t k)
              *storage = NULL, *r = NULL, *a;
     if ((empty = PyObject_GetAttr(self->torch, ws->str_empty)) == NULL ||
         (a = rt_list_item(args, g[0])) == NULL ||
-        (call[1] = PyObject_GetAttr(a, self->st->str_dtype)) == NULL ||
+        (call[1] = PyObject_GetAttr(a, self->st->aot.obj.str_dtype)) == NULL ||
         (a = rt_list_item(args, g[0])) == NULL ||
-        (call[2] = PyObject_GetAttr(a, self->st->str_device)) == NULL ||
+        (call[2] = PyObject_GetAttr(a, self->st->aot.obj.str_device)) == NULL ||
         (b = PyObject_Vectorcall(empty, call, 1, ws->kwnames_dtype_device)) == NULL) {
         goto done;
     }
     /* _b.set_(args[f].untyped_storage()) */
-    if ((set_ = PyObject_GetAttr(b, self->st->method_names[RT_SET_])) == NULL ||
+    if ((set_ = PyObject_GetAttr(b, self->st->torch.obj.method_names[RT_SET_])) == NULL ||
         (a = rt_list_item(args, g[0])) == NULL ||
         (storage = PyObject_VectorcallMethod(ws->str_untyped_storage, &a,
                                              1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL)) == NULL ||
@@ -137,13 +137,13 @@ done:
 static int
 restride(rt_state *st, PyObject *inp, PyObject *mi)
 {
-    PyObject *method = PyObject_GetAttr(inp, st->method_names[RT_AS_STRIDED_]);
+    PyObject *method = PyObject_GetAttr(inp, st->torch.obj.method_names[RT_AS_STRIDED_]);
     if (method == NULL) {
         return -1;
     }
     PyObject *margs[3] = {NULL, NULL, NULL}, *r = NULL;
-    PyObject *names[3] = {st->method_names[RT_SIZE], st->method_names[RT_STRIDE],
-                          st->method_names[RT_STORAGE_OFFSET]};
+    PyObject *names[3] = {st->torch.obj.method_names[RT_SIZE], st->torch.obj.method_names[RT_STRIDE],
+                          st->torch.obj.method_names[RT_STORAGE_OFFSET]};
     int k;
     for (k = 0; k < 3; k++) {
         margs[k] = PyObject_VectorcallMethod(names[k], &mi, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,

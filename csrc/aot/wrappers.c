@@ -2,46 +2,22 @@
 #include "aot/wrappers.h"
 
 #include "fn_object.h"
-
-#define INTERN(field, text)                                         \
-    do {                                                            \
-        if ((ws->field = PyUnicode_InternFromString(text)) == NULL) \
-            return -1;                                              \
-    } while (0)
+#include "util/intern_names.h"
 
 int
 rt_wrappers_state_init(rt_wrappers_state *ws, PyObject *str_dtype, PyObject *str_device)
 {
-    INTERN(str_base, "_base");
-    INTERN(str_untyped_storage, "untyped_storage");
-    INTERN(str_empty, "empty");
-    if ((ws->zero_shape = Py_BuildValue("(i)", 0)) == NULL ||
+    static const rt_name_field names[] = {
+        {offsetof(rt_wrappers_state, str_base), "_base"},
+        {offsetof(rt_wrappers_state, str_untyped_storage), "untyped_storage"},
+        {offsetof(rt_wrappers_state, str_empty), "empty"},
+    };
+    if (rt_intern_names(ws, names, sizeof(names) / sizeof(names[0])) < 0 ||
+        (ws->zero_shape = Py_BuildValue("(i)", 0)) == NULL ||
         (ws->kwnames_dtype_device = PyTuple_Pack(2, str_dtype, str_device)) == NULL) {
         return -1;
     }
     return 0;
-}
-#undef INTERN
-
-#define WRAPPERS_FIELDS(X)                                                  \
-    X(str_base) X(str_untyped_storage) X(str_empty) X(zero_shape)          \
-    X(kwnames_dtype_device)
-
-int
-rt_wrappers_state_traverse(rt_wrappers_state *ws, visitproc visit, void *arg)
-{
-#define VISIT(f) Py_VISIT(ws->f);
-    WRAPPERS_FIELDS(VISIT)
-#undef VISIT
-    return 0;
-}
-
-void
-rt_wrappers_state_clear(rt_wrappers_state *ws)
-{
-#define CLEAR(f) Py_CLEAR(ws->f);
-    WRAPPERS_FIELDS(CLEAR)
-#undef CLEAR
 }
 
 int

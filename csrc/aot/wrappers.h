@@ -26,7 +26,8 @@
 
 /* Interned names the wrappers look up on per-call objects, as upstream's
  * generated code does (attribute and method look-ups by name), beyond those
- * rt_state already has (dtype, device and the tensor method names). */
+ * the module state already has (dtype, device and the tensor method names).
+ * Owned references only: traversed and cleared as an array (objects.h). */
 typedef struct {
     PyObject *str_base;             /* _base */
     PyObject *str_untyped_storage;
@@ -35,10 +36,8 @@ typedef struct {
     PyObject *kwnames_dtype_device; /* ("dtype", "device") */
 } rt_wrappers_state;
 
-/* str_dtype, str_device: rt_state's interned names, for the kwnames */
+/* str_dtype, str_device: AOTAutograd's interned names, for the kwnames */
 int rt_wrappers_state_init(rt_wrappers_state *ws, PyObject *str_dtype, PyObject *str_device);
-int rt_wrappers_state_traverse(rt_wrappers_state *ws, visitproc visit, void *arg);
-void rt_wrappers_state_clear(rt_wrappers_state *ws);
 /* the wrapper types, added to the module */
 int rt_wrapper_types_init(PyObject *module);
 

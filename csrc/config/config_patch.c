@@ -44,7 +44,7 @@
  * module_getattro directly, then the class's __getattr__ the same way. */
 #include "config/config_patch.h"
 
-#include "torch_api.h"
+#include "state.h"
 
 /* obj.name(arg) dropped: 0 / -1 */
 static int

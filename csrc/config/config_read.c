@@ -39,7 +39,7 @@
 #include "util/dict_version.h"
 #include "util/py_compat.h"
 #include "fn_object.h"
-#include "torch_api.h"
+#include "state.h"
 
 /* The first class of tp's MRO (a tuple: checked by class_reaches_getattr)
  * before ModuleType whose __dict__ holds key (borrowed), NULL with none (or

@@ -119,7 +119,7 @@ enter_body(PyObject *op, PyObject *const *Py_UNUSED(argv), size_t Py_UNUSED(narg
            PyObject *Py_UNUSED(kwnames))
 {
     rt_state *st = ((BytecodeHelper *)op)->st;
-    PyObject *on = PyDict_GetItemWithError(st->profiler_globals, st->str_is_profiler_enabled);
+    PyObject *on = PyDict_GetItemWithError(st->torch.obj.profiler_globals, st->torch.obj.str_is_profiler_enabled);
     if (on == NULL) {
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_AttributeError,
@@ -132,8 +132,8 @@ enter_body(PyObject *op, PyObject *const *Py_UNUSED(argv), size_t Py_UNUSED(narg
     if (v < 0) {
         return NULL;
     }
-    PyObject *cm = v ? PyObject_CallOneArg(st->RecordFunctionFast, st->str_pregraph_range)
-                     : Py_NewRef(st->null_context);
+    PyObject *cm = v ? PyObject_CallOneArg(st->torch.obj.RecordFunctionFast, st->dynamo.obj.str_pregraph_range)
+                     : Py_NewRef(st->dynamo.obj.null_context);
     if (cm != NULL && rt_context_enter(st, cm) < 0) {
         Py_CLEAR(cm);
     }
@@ -184,11 +184,11 @@ BytecodeHelper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
      * is upstream's, raised inside _fn): upstream's inner */
     if (PyList_GET_ITEM(self->switch_, 0) != Py_True || kwnames != NULL ||
         nargs != helper_kinds[self->kind].nargs) {
-        st->helper_counts[RT_HELPER_UPSTREAM]++;
+        st->dynamo.helper_counts[RT_HELPER_UPSTREAM]++;
         return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
     }
     /* inner: getattr(fn, "__dynamo_disable", None) */
-    PyObject *wrapper = PyObject_GetAttr(self->fn, st->str_dynamo_disable);
+    PyObject *wrapper = PyObject_GetAttr(self->fn, st->dynamo.obj.str_dynamo_disable);
     if (wrapper == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
             return NULL;
@@ -197,11 +197,11 @@ BytecodeHelper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
     }
     Py_XDECREF(wrapper); /* compared by identity only; fn keeps it */
     if (wrapper != self->wrapper) {
-        st->helper_counts[RT_HELPER_UPSTREAM]++;
+        st->dynamo.helper_counts[RT_HELPER_UPSTREAM]++;
         return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
     }
     /* _fn */
-    rt_disable_state *ds = &st->disable;
+    rt_disable_state *ds = &st->dynamo.disable;
     PyObject *fn = PyCell_GET(self->fn_cell);
     int path = fn != self->fn ? RT_DISABLE_CALL_REPLACED
                               : rt_disable_fast_path(ds, self->ctx_cell, fn);
@@ -209,10 +209,10 @@ BytecodeHelper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
         return NULL;
     }
     if (path != RT_DISABLE_CALL_C) {
-        st->helper_counts[RT_HELPER_WRAPPER]++;
+        st->dynamo.helper_counts[RT_HELPER_WRAPPER]++;
         return PyObject_Vectorcall(self->wrapper, argv, nargsf, kwnames);
     }
-    st->helper_counts[RT_HELPER_C]++;
+    st->dynamo.helper_counts[RT_HELPER_C]++;
     return rt_disable_run(ds, helper_kinds[self->kind].body, op, argv, nargsf, kwnames);
 }
 
@@ -245,7 +245,7 @@ BytecodeHelper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (self == NULL) {
         return NULL;
     }
-    rt_disable_state *ds = &self->st->disable;
+    rt_disable_state *ds = &self->st->dynamo.disable;
     PyObject *closure = NULL;
     if (ds->fn_code != NULL && PyFunction_Check(wrapper) &&
         PyFunction_GET_CODE(wrapper) == ds->fn_code) {
@@ -324,6 +324,6 @@ PyObject *
 rt_helper_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     rt_state *st = PyModule_GetState(module);
-    return rt_counts_dict("_helper_stats", args, nargs, count_names, st->helper_counts,
+    return rt_counts_dict("_helper_stats", args, nargs, count_names, st->dynamo.helper_counts,
                           RT_HELPER_N);
 }

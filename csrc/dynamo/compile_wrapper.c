@@ -69,63 +69,9 @@
  * the call is upstream's compile_wrapper, counted. Tracebacks have no frame
  * for the wrapper (the compiler errors it re-raises included).
  * ====================================================================== */
-#include "dynamo/compile_wrapper.h"
-#include "util/attr_memo.h"
-#include "config/config_patch.h"
-#include "util/dict_version.h"
-#include "dynamo/dynamo.h"
-#include "fn_object.h"
-#include "util/frame_stub.h"
-#include "util/py_compat.h"
+#include "dynamo/compile_wrapper_call.h"
 
 #include <string.h>
-
-enum { CELL_CALLBACK, CELL_FN, CELL_FX, CELL_JIT, CELL_SELF };
-
-/* What the C side keeps of one compile_wrapper function (made with the C
- * runtime on), which stays upstream's function object. Its calls reach C
- * through the function's vectorcall, which finds this object in
- * rt_cw_state.fns (forgotten when the function goes: the object is the
- * callback of its weak reference to the function); on CPython 3.11, whose
- * interpreter runs a Python function's frame without its vectorcall,
- * through the function's code, a trampoline that calls this object (a
- * constant of that code). It holds nothing that could lead back to the
- * function (not its cells: a compiled function in a reference cycle with
- * the function it compiles is collected as without us). */
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall; /* CPython 3.11: called by the function's code */
-    PyObject *module;     /* _C, whose state holds fns */
-    PyObject *weakref;    /* to the function (with this object as its callback where
-                           * fns holds it) */
-    const void *fn;       /* the function's address: the key in fns */
-    rt_attr_memo ctx;     /* the context's attributes (ctx_attr) */
-} CompileWrapper;
-
-/* One call's view of the compile_wrapper function it runs. */
-typedef struct {
-    rt_state *st;
-    PyObject *fn;         /* the compile_wrapper function (borrowed: the callee) */
-    PyObject *cells[5];   /* its closure's cells (enum above), borrowed from fn */
-    rt_attr_memo *ctx;    /* its CompileWrapper's memo */
-} cw_self;
-
-/* The most enter hooks a call in C takes: torch.compile's own and config
- * patchers (dynamic=, dynamic_shapes=); more is upstream's. */
-#define CW_MAX_HOOKS 4
-
-/* What one call read of the context (new references). */
-typedef struct {
-    PyObject *fn, *ctx, *callback;
-    int fullgraph;
-    PyObject *eog;        /* self.error_on_graph_break */
-    PyObject *hooks;      /* self.enter_exit_hooks, a list checked by hooks_handled */
-    /* CPython 3.11: the exit (rt_cw_frame) the exception exc raised there
-     * leaves from, for the trampoline to raise it at (exit_at) */
-    int exit;
-    PyObject *exit_exc;
-} cw_call;
-
 static void
 cw_call_clear(cw_call *c)
 {
@@ -137,328 +83,10 @@ cw_call_clear(cw_call *c)
     Py_CLEAR(c->exit_exc);
 }
 
-/* h is call_on_enter over OptimizeContext's on_enter
- * (install_generation_tagging_init): what run_body does in C */
-static int
-is_on_enter_hook(rt_cw_state *cw, PyObject *h)
-{
-    PyObject *closure = PyFunction_Check(h) ? PyFunction_GET_CLOSURE(h) : NULL;
-    if (closure == NULL || PyFunction_GET_CODE(h) != cw->call_on_enter_code ||
-        PyTuple_GET_SIZE(closure) != 1) {
-        return 0;
-    }
-    PyObject *on_enter = PyCell_GET(PyTuple_GET_ITEM(closure, 0));
-    return on_enter != NULL && PyFunction_Check(on_enter) &&
-           PyFunction_GET_CODE(on_enter) == cw->on_enter_code &&
-           PyFunction_GET_GLOBALS(on_enter) == cw->globals;
-}
-
-/* h is ConfigModule._make_closure_patcher's `change` (make_set_enable_dynamic,
- * dynamic_shapes=) with its closure (changes, config, self) filled, changes
- * a dict: it sets config overrides (ContextVars) and marks the config
- * dirty, nothing the C path checked; run by config_patch.c */
-static int
-is_config_patcher(rt_cw_state *cw, PyObject *h)
-{
-    if (!PyFunction_Check(h) || PyFunction_GET_CODE(h) != cw->patcher_code) {
-        return 0;
-    }
-    PyObject *closure = PyFunction_GET_CLOSURE(h);
-    if (closure == NULL || PyTuple_GET_SIZE(closure) != 3) {
-        return 0;
-    }
-    for (int i = 0; i < 3; i++) {
-        if (PyCell_GET(PyTuple_GET_ITEM(closure, i)) == NULL) {
-            return 0;
-        }
-    }
-    return PyDict_CheckExact(PyCell_GET(PyTuple_GET_ITEM(closure, 0)));
-}
-
-/* config patchers run in C: the config reader, whose names they use, is
- * bound */
-static int
-patcher_bound(rt_state *st)
-{
-    return st->config_reader.config_module != NULL;
-}
-
-/* hooks (self.enter_exit_hooks) are the ones a call in C runs: a list of at
- * most CW_MAX_HOOKS, torch.compile's own once (after its first run), config
- * patchers otherwise */
-static int
-hooks_handled(rt_cw_state *cw, PyObject *hooks, int patcher_bound)
-{
-    if (!PyList_CheckExact(hooks) || PyList_GET_SIZE(hooks) > CW_MAX_HOOKS) {
-        return 0;
-    }
-    int own = 0;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(hooks); i++) {
-        PyObject *h = PyList_GET_ITEM(hooks, i);
-        if (is_on_enter_hook(cw, h)) {
-            own++;
-        }
-        else if (!patcher_bound || !is_config_patcher(cw, h)) {
-            return 0;
-        }
-    }
-    return own == 1;
-}
-
-/* ---- the state check ------------------------------------------------------ */
-
-/* obj.name truthy: 1/0, -1 with an exception */
-static int
-attr_truthy(PyObject *obj, PyObject *name)
-{
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL) {
-        return -1;
-    }
-    int r = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return r;
-}
-
-/* getattr(obj, name, None) is not None: 1/0, -1 */
-static int
-attr_present(PyObject *obj, PyObject *name)
-{
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            return -1;
-        }
-        PyErr_Clear();
-        return 0;
-    }
-    Py_DECREF(v);
-    return v != Py_None;
-}
-
-/* getattr(local, name, False) truthy, local a threading.local: 1/0, -1 */
-static int
-tls_truthy_or_false(rt_state *st, int slot, PyObject *local, PyObject *name)
-{
-    PyObject *v;
-    int found = rt_tls_get(&st->thread_locals, slot, local, name, &v);
-    if (found <= 0) {
-        return found;
-    }
-    int r = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return r;
-}
-
-/* globals[name] truthy: 1/0, -1 (absent: the error upstream's read gives) */
-static int
-global_truthy(PyObject *globals, PyObject *name)
-{
-    PyObject *v = PyDict_GetItemWithError(globals, name);
-    if (v == NULL) {
-        if (!PyErr_Occurred()) {
-            PyErr_Format(PyExc_NameError, "name '%U' is not defined", name);
-        }
-        return -1;
-    }
-    return PyObject_IsTrue(v);
-}
-
-/* stance.stance == "default" (the stance's name, an exact str): 1/0, -1
- * with the read's exception */
-static int
-stance_is_default(rt_cw_state *cw, PyObject *stance)
-{
-    PyObject *name = PyObject_GetAttr(stance, cw->str_stance);
-    if (name == NULL) {
-        return -1;
-    }
-    int is_default = PyUnicode_CheckExact(name) && PyUnicode_Compare(name, cw->str_default) == 0;
-    Py_DECREF(name);
-    return is_default;
-}
-
-/* The context's attributes a call reads, through self's memo (attr_memo.h),
- * by index: */
-enum { CTX_EXPORT, CTX_FULLGRAPH, CTX_EOG, CTX_HOOKS, CTX_ISOLATE_ID, CTX_N };
-
-/* self.<CTX_*> of the context ctx: a new reference, or NULL with the
- * exception the read raises */
-static PyObject *
-ctx_attr(cw_self *self, rt_cw_state *cw, PyObject *ctx, int i)
-{
-    PyObject *names[CTX_N] = {cw->str_export, cw->str_fullgraph, cw->str_error_on_graph_break,
-                              cw->str_enter_exit_hooks, cw->str_isolate_id};
-    /* _isolate_recompiles_id: only the releases that read it (2.13 on) */
-    int memo = rt_attr_memo_read(self->ctx, ctx, names, cw->isolate_recompiles ? CTX_N : CTX_N - 1);
-    if (memo < 0) {
-        return NULL;
-    }
-    PyObject *v = memo ? self->ctx->values[i] : NULL;
-    return v != NULL ? Py_NewRef(v) : PyObject_GetAttr(ctx, names[i]); /* absent: its error */
-}
-
-/* bool(self.<CTX_*>): 1/0, -1 */
-static int
-ctx_truthy(cw_self *self, rt_cw_state *cw, PyObject *ctx, int i)
-{
-    PyObject *v = ctx_attr(self, cw, ctx, i);
-    if (v == NULL) {
-        return -1;
-    }
-    int r = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return r;
-}
-
-/* RT_CW_CALL_C, or the reason upstream's runs; -1 with an exception. Fills
- * *c (the caller clears it). Reads only. */
-static int
-steady_state(cw_self *self, rt_cw_state *cw, cw_call *c)
-{
-    for (int i = 0; i < 5; i++) {
-        if (PyCell_GET(self->cells[i]) == NULL) {
-            return RT_CW_STATE;
-        }
-    }
-    if (PyCell_GET(self->cells[CELL_FX]) != cw->is_fx_symbolic_tracing ||
-        PyCell_GET(self->cells[CELL_JIT]) != cw->is_jit_tracing) {
-        return RT_CW_REPLACED;
-    }
-    if (!rt_dict_unchanged(cw->globals, cw->globals_verified)) {
-        for (int g = 0; g < RT_CWG_N; g++) {
-            if (cw->names[g] == NULL) {
-                continue; /* not read by this release's compile_wrapper */
-            }
-            PyObject *v = PyDict_GetItemWithError(cw->globals, cw->names[g]);
-            if (v != cw->expected[g]) {
-                return v == NULL && PyErr_Occurred() ? -1 : RT_CW_REPLACED;
-            }
-        }
-        cw->globals_verified = rt_dict_version(cw->globals);
-    }
-    /* _callback_from_stance(callback) is callback: the default stance, no
-     * backend forced */
-    PyObject *stance = PyDict_GetItemWithError(cw->globals, cw->str_stance_global);
-    if (stance == NULL) {
-        return PyErr_Occurred() ? -1 : RT_CW_REPLACED;
-    }
-    if (!Py_IS_TYPE(stance, (PyTypeObject *)cw->stance)) {
-        return RT_CW_STATE;
-    }
-    int is_default = stance_is_default(cw, stance);
-    if (is_default <= 0) {
-        return is_default < 0 ? -1 : RT_CW_STATE;
-    }
-    int v = attr_present(stance, cw->str_backend);
-    if (v != 0) {
-        return v < 0 ? -1 : RT_CW_STATE;
-    }
-    /* 2.14 on: _is_eager_on_nested_compile(): depth > 0 */
-    if (cw->eager_nested != NULL) {
-        PyObject *depth;
-        int found = rt_tls_get(&self->st->thread_locals, RT_TLS_EAGER_NESTED, cw->eager_nested,
-                               cw->str_depth, &depth);
-        if (found < 0) {
-            return -1;
-        }
-        if (found) {
-            PyObject *zero = PyLong_FromLong(0);
-            int positive = zero ? PyObject_RichCompareBool(depth, zero, Py_GT) : -1;
-            Py_XDECREF(zero);
-            Py_DECREF(depth);
-            if (positive != 0) {
-                return positive < 0 ? -1 : RT_CW_STATE;
-            }
-        }
-    }
-    c->fn = Py_NewRef(PyCell_GET(self->cells[CELL_FN]));
-    c->ctx = Py_NewRef(PyCell_GET(self->cells[CELL_SELF]));
-    c->callback = Py_NewRef(PyCell_GET(self->cells[CELL_CALLBACK]));
-    /* self.export */
-    if ((v = ctx_truthy(self, cw, c->ctx, CTX_EXPORT)) != 0) {
-        return v < 0 ? -1 : RT_CW_STATE;
-    }
-    if ((c->fullgraph = ctx_truthy(self, cw, c->ctx, CTX_FULLGRAPH)) < 0) {
-        return -1;
-    }
-    if ((c->eog = ctx_attr(self, cw, c->ctx, CTX_EOG)) == NULL) {
-        return -1;
-    }
-    /* TracingContext.try_get(): getattr(_TLS, "tracing_context", None) */
-    PyObject *tls = PyDict_GetItemWithError(cw->guards_globals, cw->str_tls);
-    if (tls == NULL) {
-        return PyErr_Occurred() ? -1 : RT_CW_REPLACED;
-    }
-    PyObject *tc;
-    if ((v = rt_tls_get(&self->st->thread_locals, RT_TLS_GUARDS, tls, cw->str_tracing_context,
-                        &tc)) != 0) {
-        if (v < 0) {
-            return -1;
-        }
-        Py_DECREF(tc);
-        if (tc != Py_None) {
-            return RT_CW_STATE;
-        }
-    }
-    /* torch.compiler.is_exporting(); is_fx_symbolic_tracing()'s flag (2.13:
-     * the module global _is_fx_tracing_flag; 2.14 on: _get_is_fx_tracing(),
-     * getattr(_is_fx_tracing_tls, "flag", False)); torch.jit tracing */
-    if ((v = global_truthy(cw->compiler_globals, cw->str_exporting_flag)) != 0 ||
-        (v = cw->fx_flag_tls != NULL ? tls_truthy_or_false(self->st, RT_TLS_FX_FLAG,
-                                                           cw->fx_flag_tls, cw->str_flag)
-                                     : global_truthy(cw->fx_globals, cw->str_fx_flag)) != 0) {
-        return v < 0 ? -1 : RT_CW_STATE;
-    }
-    if ((v = rt_jit_tracing(self->st, cw->is_jit_tracing)) != 0) {
-        return v < 0 ? -1 : RT_CW_STATE;
-    }
-    /* self.enter_exit_hooks: torch.compile's own enter hook and config
-     * patchers (hooks_handled) */
-    if ((c->hooks = ctx_attr(self, cw, c->ctx, CTX_HOOKS)) == NULL) {
-        return -1;
-    }
-    if (!hooks_handled(cw, c->hooks, patcher_bound(self->st))) {
-        return RT_CW_STATE;
-    }
-    /* install_generation_tagging_init has patched Module: through 2.14
-     * getattr(Module, "___needs_generation_tag_patch", True) is falsy; 2.15
-     * on, Module.___has_generation_tag_patch is there (any value) */
-    PyObject *patch = PyObject_GetAttr(cw->module_cls, cw->str_tag_patch);
-    if (patch == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            return -1;
-        }
-        PyErr_Clear();
-        return RT_CW_STATE;
-    }
-    v = cw->tag_patch_present ? 0 : PyObject_IsTrue(patch);
-    Py_DECREF(patch);
-    if (v != 0) {
-        return v < 0 ? -1 : RT_CW_STATE;
-    }
-    return RT_CW_CALL_C;
-}
+rt_state *rt_cw_bound_state;
+vectorcallfunc rt_cw_plain_call;
 
 /* ---- the call ------------------------------------------------------------- */
-
-/* rt_call_one whose result is dropped: 0, or -1 with an exception */
-static int
-do1(PyObject *f, PyObject *arg)
-{
-    PyObject *r = rt_call_one(f, arg);
-    Py_XDECREF(r);
-    return r != NULL ? 0 : -1;
-}
-
-/* f() whose result is dropped: 0, or -1 with an exception */
-static int
-do0(PyObject *f)
-{
-    PyObject *r = PyObject_CallNoArgs(f);
-    Py_XDECREF(r);
-    return r != NULL ? 0 : -1;
-}
 
 /* What one enter hook left for the exit: a config patcher's revert state,
  * or what a hook called as Python returned (call); neither for
@@ -503,12 +131,12 @@ cw_entered_clear(cw_entered *e)
 static int
 enter_hooks(rt_state *st, rt_cw_state *cw, PyObject *hooks, cw_entered *e)
 {
-    int patchers = patcher_bound(st);
+    int patchers = rt_cw_patcher_bound(st);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(hooks); i++) {
         PyObject *h = Py_NewRef(PyList_GET_ITEM(hooks, i));
         cw_cleanup *cl = i < CW_MAX_HOOKS ? &e->first[i] : NULL;
         int rc;
-        if (cl != NULL && is_on_enter_hook(cw, h)) {
+        if (cl != NULL && rt_cw_is_on_enter_hook(cw, h)) {
             /* on_enter -> install_generation_tagging_init():
              * GenerationTracker.generation += 1; its cleanup `nothing` */
             PyObject *gen = PyObject_GetAttr(cw->generation_tracker, cw->str_generation);
@@ -519,7 +147,7 @@ enter_hooks(rt_state *st, rt_cw_state *cw, PyObject *hooks, cw_entered *e)
             Py_XDECREF(one);
             Py_XDECREF(next);
         }
-        else if (cl != NULL && patchers && is_config_patcher(cw, h)) {
+        else if (cl != NULL && patchers && rt_cw_is_config_patcher(cw, h)) {
             /* a config patcher's change(); its cleanup revert() */
             rc = rt_config_patch_enter(st, PyFunction_GET_CLOSURE(h),
                                        (rt_patch_form)cw->patcher_form, &cl->patch);
@@ -580,225 +208,6 @@ exit_at(rt_cw_state *cw, cw_call *c, const rt_frame_call *call, int exit)
     Py_XSETREF(c->exit_exc, Py_XNewRef(rt_raised_exception()));
 }
 
-/* The except clauses around fn's call, on the pending exception: the exit
- * its traceback entry is at (enum rt_cw_frame), or -1 where handling it
- * raised another. The entry of the call itself is added first, as
- * upstream's frame has it when its except clauses run. */
-static int
-transform_exception(rt_cw_state *cw, const rt_frame_call *call)
-{
-    rt_frame_add(cw->frames[RT_CW_FRAME_CALL], call);
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb != NULL) {
-        PyException_SetTraceback(value, tb);
-    }
-    int compiler_error = PyObject_IsInstance(value, cw->exc_compiler_error);
-    int shorten = compiler_error == 0 ? PyObject_IsInstance(value, cw->exc_shorten) : 0;
-    if (compiler_error < 0 || shorten < 0) {
-        goto raised; /* the isinstance error, with the exception as context */
-    }
-    if (compiler_error) {
-        PyObject *config = cw->expected[RT_CWG_CONFIG];
-        int verbose = attr_truthy(config, cw->str_verbose);
-        if (verbose != 0) {
-            if (verbose < 0) {
-                goto raised;
-            }
-            PyErr_Restore(type, value, tb); /* bare `raise` */
-            return RT_CW_FRAME_CALL;
-        }
-        /* strip internal tracebacks from causes */
-        PyObject *cur = Py_NewRef(value);
-        for (;;) {
-            PyObject *cause = PyException_GetCause(cur);
-            if (cause == NULL) {
-                break;
-            }
-            PyObject *r = PyObject_CallMethodOneArg(cause, cw->str_with_traceback, Py_None);
-            Py_XDECREF(r);
-            Py_SETREF(cur, cause);
-            if (r == NULL) {
-                Py_DECREF(cur);
-                goto raised;
-            }
-        }
-        Py_DECREF(cur);
-        /* raise e.with_traceback(None) from e.__cause__ (raising the
-         * exception being handled sets no context) */
-        PyObject *same = PyObject_CallMethodOneArg(value, cw->str_with_traceback, Py_None);
-        if (same == NULL) {
-            goto raised;
-        }
-        PyObject *cause = PyException_GetCause(same);
-        PyException_SetCause(same, cause); /* steals; sets __suppress_context__ */
-        Py_DECREF(type);
-        Py_DECREF(value);
-        Py_XDECREF(tb);
-        /* restored as it is: PyErr_SetObject would make the caller's
-         * handled exception its context */
-        PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(same)), same, PyException_GetTraceback(same));
-        return RT_CW_FRAME_COMPILER_ERROR;
-    }
-    if (shorten) {
-        /* raise e.remove_dynamo_frames() from None */
-        PyObject *e2 = PyObject_CallMethodNoArgs(value, cw->str_remove_dynamo_frames);
-        if (e2 == NULL) {
-            goto raised;
-        }
-        if (!PyExceptionInstance_Check(e2)) {
-            Py_DECREF(e2);
-            PyErr_SetString(PyExc_TypeError, "exceptions must derive from BaseException");
-            goto raised;
-        }
-        PyException_SetCause(e2, NULL);
-        if (e2 != value) {
-            PyException_SetContext(e2, Py_NewRef(value));
-        }
-        Py_DECREF(type);
-        Py_DECREF(value);
-        Py_XDECREF(tb);
-        /* raising an exception keeps its __traceback__ and goes on from it */
-        PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(e2)), e2, PyException_GetTraceback(e2));
-        return RT_CW_FRAME_SHORTEN;
-    }
-    PyErr_Restore(type, value, tb);
-    return RT_CW_FRAME_CALL;
-raised:
-    {
-        /* an error while handling: it wins, the exception as its context */
-        PyObject *t2, *v2, *tb2;
-        PyErr_Fetch(&t2, &v2, &tb2);
-        PyErr_NormalizeException(&t2, &v2, &tb2);
-        if (v2 != value) {
-            PyException_SetContext(v2, value); /* steals */
-        }
-        else {
-            Py_DECREF(value);
-        }
-        Py_DECREF(type);
-        Py_XDECREF(tb);
-        PyErr_Restore(t2, v2, tb2);
-    }
-    return -1;
-}
-
-/* The fullgraph check in the inner finally: no compiled frame ran. */
-static int
-no_compiled_frames_error(rt_cw_state *cw)
-{
-    PyObject *tls = cw->expected[RT_CWG_DYNAMO_TLS];
-    PyObject *reasons = PyObject_GetAttr(tls, cw->str_skip_reasons);
-    if (reasons == NULL) {
-        return -1;
-    }
-    /* get_skip_reasons(): dynamo_tls.skip_reasons or [] */
-    int any = PyObject_IsTrue(reasons);
-    PyObject *msg = NULL;
-    if (any > 0) {
-        PyObject *lines = PyList_New(0);
-        PyObject *it = lines ? PyObject_GetIter(reasons) : NULL;
-        PyObject *r;
-        while (it != NULL && (r = PyIter_Next(it)) != NULL) {
-            PyObject *line = PyUnicode_FromFormat("  - %S", r);
-            Py_DECREF(r);
-            if (line == NULL || PyList_Append(lines, line) < 0) {
-                Py_XDECREF(line);
-                Py_CLEAR(it);
-                break;
-            }
-            Py_DECREF(line);
-        }
-        if (it != NULL && !PyErr_Occurred()) {
-            PyObject *sep = PyUnicode_FromString("\n");
-            PyObject *joined = sep ? PyUnicode_Join(sep, lines) : NULL;
-            if (joined != NULL) {
-                msg = PyUnicode_FromFormat(
-                    "torch.compile with fullgraph=True found no compiled frames. "
-                    "Skipped frames:\n%U", joined);
-            }
-            Py_XDECREF(joined);
-            Py_XDECREF(sep);
-        }
-        Py_XDECREF(it);
-        Py_XDECREF(lines);
-    }
-    else if (any == 0) {
-        msg = PyUnicode_FromString(
-            "torch.compile with fullgraph=True found no compiled frames. Compilation was "
-            "not attempted and no cached compiled code was found.");
-    }
-    Py_DECREF(reasons);
-    if (msg != NULL) {
-        PyErr_SetObject(PyExc_RuntimeError, msg);
-        Py_DECREF(msg);
-    }
-    return -1;
-}
-
-/* if not self.fullgraph and self.error_on_graph_break is not None: the
- * setting set for the call where it differs (2.12: whatever it is), *prior
- * the value to restore after (NULL: none; a current None is not restored).
- * 0, or -1 with an exception. */
-static int
-enter_error_on_graph_break(rt_cw_state *cw, PyObject *eog, PyObject **prior)
-{
-    PyObject *get_eog = PyDict_GetItemWithError(cw->globals, cw->str_get_eog);
-    PyObject *set_eog = get_eog ? PyDict_GetItemWithError(cw->globals, cw->str_set_eog) : NULL;
-    if (set_eog == NULL) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_NameError, "name '_get_error_on_graph_break' is not defined");
-        }
-        return -1;
-    }
-    PyObject *current = PyObject_CallNoArgs(get_eog);
-    if (current == NULL) {
-        return -1;
-    }
-    int differs = cw->eog_where_differs ? PyObject_RichCompareBool(current, eog, Py_NE) : 1;
-    if (differs > 0 && do1(set_eog, eog) == 0) {
-        /* restored after unless None (`if prior_error_on_graph_break is not
-         * None`) */
-        if (current != Py_None) {
-            *prior = current;
-            return 0;
-        }
-        Py_DECREF(current);
-        return 0;
-    }
-    Py_DECREF(current);
-    return differs != 0 ? -1 : 0;
-}
-
-/* The fullgraph check of the inner finally: set_fullgraph_compiled_frame_
- * count(-1) returned n; no compiled frame ran where it is 0. 0, or -1 with
- * an exception (the RuntimeError, 2.12's warning as an error). */
-static int
-fullgraph_exit_check(rt_cw_state *cw, PyObject *count)
-{
-    long n = PyLong_AsLong(count);
-    if (n == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    if (n != 0) {
-        return 0;
-    }
-    if (cw->fullgraph == RT_CW_FG_WARN) {
-        /* 2.12: torch._dynamo.utils.warn_once(...), whatever the stance */
-        return do0(cw->fullgraph_warn);
-    }
-    /* `if count == 0 and _stance.stance == "default"` */
-    PyObject *st_obj = PyDict_GetItemWithError(cw->globals, cw->str_stance_global);
-    int is_default = st_obj != NULL ? stance_is_default(cw, st_obj) : -1;
-    if (is_default < 0 || (is_default && no_compiled_frames_error(cw) < 0)) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_NameError, "name '_stance' is not defined");
-        }
-        return -1;
-    }
-    return 0;
-}
 
 /* The outer try's body (after the fullgraph set-up): the result, or NULL
  * with an exception. */
@@ -831,14 +240,14 @@ run_body(cw_self *self, rt_cw_state *cw, cw_call *c, PyObject *const *argv, size
         goto done;
     }
     if (cw->isolate_recompiles) {
-        PyObject *isolate = ctx_attr(self, cw, c->ctx, CTX_ISOLATE_ID);
+        PyObject *isolate = rt_cw_ctx_attr(self, cw, c->ctx, CTX_ISOLATE_ID);
         prior_id = isolate ? rt_call_one(g[RT_CWG_SET_ISOLATE_ID], isolate) : NULL;
         Py_XDECREF(isolate);
         if (prior_id == NULL) {
             goto done;
         }
     }
-    if (!c->fullgraph && c->eog != Py_None && enter_error_on_graph_break(cw, c->eog, &prior_eog) < 0) {
+    if (!c->fullgraph && c->eog != Py_None && rt_cw_enter_error_on_graph_break(cw, c->eog, &prior_eog) < 0) {
         goto done;
     }
     depth = PyObject_CallNoArgs(cw->get_depth);
@@ -861,8 +270,8 @@ run_body(cw_self *self, rt_cw_state *cw, cw_call *c, PyObject *const *argv, size
     }
     else if (cw->save_keys != NULL) {
         /* torch._C._dynamo_save_local_dispatch_key_set() (2.14 on) */
-        if (self->st->cpp != NULL) {
-            keys.cpp = self->st->cpp;
+        if (self->st->torch.cpp != NULL) {
+            keys.cpp = self->st->torch.cpp;
             keys.cpp->dispatch_tls_get(keys.keys);
         }
         else if (do0(cw->save_keys) < 0) {
@@ -876,7 +285,7 @@ run_body(cw_self *self, rt_cw_state *cw, cw_call *c, PyObject *const *argv, size
     result = PyObject_Vectorcall(c->fn, argv, nargsf, kwnames);
     int succeeded = result != NULL;
     if (!succeeded) {
-        int exit = transform_exception(cw, &frame_call);
+        int exit = rt_cw_transform_exception(cw, &frame_call);
         if (exit > RT_CW_FRAME_CALL) {
             exit_at(cw, c, &frame_call, exit);
         }
@@ -890,7 +299,7 @@ run_body(cw_self *self, rt_cw_state *cw, cw_call *c, PyObject *const *argv, size
             PyObject *minus = PyLong_FromLong(-1);
             PyObject *count = minus ? rt_call_one(g[RT_CWG_SET_FG_COUNT], minus) : NULL;
             Py_XDECREF(minus);
-            ok = count != NULL && fullgraph_exit_check(cw, count) == 0;
+            ok = count != NULL && rt_cw_fullgraph_exit_check(cw, count) == 0;
             if (!ok && count != NULL) {
                 exit_at(cw, c, &frame_call, RT_CW_FRAME_FULLGRAPH);
             }
@@ -946,8 +355,6 @@ done:
  * the vectorcall of a Python function, which runs their own code (what a
  * call is when the C side does not take it). Set by the binding; a
  * function called after the module's state is cleared runs its code. */
-static rt_state *bound_state;
-static vectorcallfunc function_call;
 
 /* fn(*args, **kwargs) as upstream's compile_wrapper: its own code; on
  * CPython 3.11, where fn's code is the trampoline, a function of
@@ -957,7 +364,7 @@ call_upstream(rt_cw_state *cw, PyObject *fn, PyObject *const *argv, size_t nargs
               PyObject *kwnames)
 {
     if (cw->trampoline == NULL || PyFunction_GET_CODE(fn) == cw->code) {
-        return function_call(fn, argv, nargsf, kwnames);
+        return rt_cw_plain_call(fn, argv, nargsf, kwnames);
     }
     PyObject *twin = PyFunction_NewWithQualName(cw->code, PyFunction_GET_GLOBALS(fn),
                                                 ((PyFunctionObject *)fn)->func_qualname);
@@ -970,9 +377,6 @@ call_upstream(rt_cw_state *cw, PyObject *fn, PyObject *const *argv, size_t nargs
     return result;
 }
 
-static PyObject *run(rt_state *st, PyObject *fn, CompileWrapper *state, PyObject *const *argv,
-                     size_t nargsf, PyObject *kwnames);
-
 /* CPython 3.11: the exception a call leaves by a raise of compile_wrapper's
  * own, kept for its trampoline to raise at that raise's position, right
  * after the call returns the CompileWrapper itself: the calling thread's
@@ -982,10 +386,13 @@ static _Thread_local struct {
     int exit;
 } pending_exit;
 
+static PyObject *rt_cw_run(rt_state *st, PyObject *fn, CompileWrapper *state, PyObject *const *argv,
+                          size_t nargsf, PyObject *kwnames);
+
 /* CompileWrapper._exit(k): raises the kept exception where it leaves from
  * exit k (any, for -1); None where it leaves from another. */
-static PyObject *
-CompileWrapper_exit(PyObject *Py_UNUSED(op), PyObject *arg)
+PyObject *
+rt_cw_exit(PyObject *Py_UNUSED(op), PyObject *arg)
 {
     long k = PyLong_AsLong(arg);
     if (k == -1 && PyErr_Occurred()) {
@@ -1008,23 +415,23 @@ CompileWrapper_exit(PyObject *Py_UNUSED(op), PyObject *arg)
 }
 
 /* The vectorcall of a compile_wrapper function made ours. */
-static PyObject *
-compile_wrapper_call(PyObject *fn, PyObject *const *argv, size_t nargsf, PyObject *kwnames)
+PyObject *
+rt_cw_function_call(PyObject *fn, PyObject *const *argv, size_t nargsf, PyObject *kwnames)
 {
-    rt_state *st = bound_state;
-    rt_ptr_entry *e = st != NULL ? rt_ptr_map_find(&st->cw.fns, fn) : NULL;
-    if (e == NULL || PyFunction_GET_CODE(fn) != st->cw.code) {
-        return function_call(fn, argv, nargsf, kwnames); /* its __code__ replaced */
+    rt_state *st = rt_cw_bound_state;
+    rt_ptr_entry *e = st != NULL ? rt_ptr_map_find(&st->dynamo.cw.fns, fn) : NULL;
+    if (e == NULL || PyFunction_GET_CODE(fn) != st->dynamo.cw.code) {
+        return rt_cw_plain_call(fn, argv, nargsf, kwnames); /* its __code__ replaced */
     }
-    return run(st, fn, (CompileWrapper *)(uintptr_t)e->value, argv, nargsf, kwnames);
+    return rt_cw_run(st, fn, (CompileWrapper *)(uintptr_t)e->value, argv, nargsf, kwnames);
 }
 
 /* CPython 3.11: the trampoline (the function's code) calls its
  * CompileWrapper with the function's (args, kwargs), the tuple and dict its
  * frame received: passed on as the call's arguments without building them
  * again. */
-static PyObject *
-CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObject *kwnames)
+PyObject *
+rt_cw_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObject *kwnames)
 {
     CompileWrapper *state = (CompileWrapper *)op;
     if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 2 || !PyTuple_CheckExact(argv[0]) ||
@@ -1043,7 +450,7 @@ CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
     PyObject *args = argv[0], *kwargs = argv[1], *result;
     Py_ssize_t n = PyTuple_GET_SIZE(args), m = PyDict_GET_SIZE(kwargs);
     if (m == 0) {
-        result = run(st, fn, state, ((PyTupleObject *)args)->ob_item, (size_t)n, NULL);
+        result = rt_cw_run(st, fn, state, ((PyTupleObject *)args)->ob_item, (size_t)n, NULL);
     }
     else {
         PyObject **stack = PyMem_Malloc((size_t)(n + m) * sizeof(PyObject *));
@@ -1059,7 +466,7 @@ CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
                 PyTuple_SET_ITEM(names, i, Py_NewRef(key));
                 stack[n + i++] = value; /* borrowed: the dict holds them for the call */
             }
-            result = run(st, fn, state, stack, (size_t)n, names);
+            result = rt_cw_run(st, fn, state, stack, (size_t)n, names);
         }
         else if (stack == NULL) {
             PyErr_NoMemory();
@@ -1074,18 +481,18 @@ CompileWrapper_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, Py
 /* A call of fn, a compile_wrapper function made ours, whose state is
  * state. */
 static PyObject *
-run(rt_state *st, PyObject *fn, CompileWrapper *state, PyObject *const *argv, size_t nargsf,
+rt_cw_run(rt_state *st, PyObject *fn, CompileWrapper *state, PyObject *const *argv, size_t nargsf,
     PyObject *kwnames)
 {
     PyObject *closure = PyFunction_GET_CLOSURE(fn);
-    rt_cw_state *cw = &st->cw;
+    rt_cw_state *cw = &st->dynamo.cw;
     cw_self view = {st, fn, {NULL}, &state->ctx};
     cw_self *self = &view;
     for (int i = 0; i < 5; i++) {
         self->cells[i] = PyTuple_GET_ITEM(closure, cw->cell[i]);
     }
     cw_call c = {NULL, NULL, NULL, 0, NULL, NULL, -1, NULL};
-    int path = steady_state(self, cw, &c);
+    int path = rt_cw_steady_state(self, cw, &c);
     if (path != RT_CW_CALL_C) {
         cw_call_clear(&c);
         if (path < 0) {
@@ -1188,256 +595,3 @@ done:
     cw_call_clear(&c);
     return result;
 }
-
-/* ---- making a compile_wrapper function ours ------------------------------- */
-
-int
-rt_is_c_compile_wrapper(PyObject *obj)
-{
-    if (!PyFunction_Check(obj)) {
-        return 0;
-    }
-    if (rt_function_vectorcall(obj) == compile_wrapper_call) {
-        return 1;
-    }
-    /* 3.11: its code is a trampoline, whose constants hold its CompileWrapper */
-    rt_state *st = bound_state;
-    PyObject *code = PyFunction_GET_CODE(obj);
-    if (st == NULL || st->cw.trampoline == NULL || code == st->cw.code ||
-        ((PyCodeObject *)code)->co_filename != ((PyCodeObject *)st->cw.trampoline)->co_filename) {
-        return 0;
-    }
-    PyObject *consts = ((PyCodeObject *)code)->co_consts;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(consts); i++) {
-        if (Py_IS_TYPE(PyTuple_GET_ITEM(consts, i), st->CompileWrapperType)) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
-PyObject *
-rt_is_c_compile_wrapper_py(PyObject *Py_UNUSED(module), PyObject *obj)
-{
-    return PyBool_FromLong(rt_is_c_compile_wrapper(obj));
-}
-
-/* CPython 3.11: fn's code becomes the trampoline with self as its
- * constant (the trampoline's placeholder replaced); 0, or -1 with an
- * exception. */
-static int
-set_trampoline(rt_cw_state *cw, PyObject *fn, CompileWrapper *self)
-{
-    PyObject *consts = PyObject_GetAttr(cw->trampoline, cw->str_consts);
-    PyObject *mine = consts != NULL ? PySequence_List(consts) : NULL;
-    Py_XDECREF(consts);
-    if (mine == NULL) {
-        return -1;
-    }
-    int placed = 0;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(mine); i++) {
-        PyObject *item = PyList_GET_ITEM(mine, i);
-        if (PyUnicode_Check(item) && PyUnicode_CompareWithASCIIString(item, RT_FRAME_PLACEHOLDER) == 0) {
-            PyList_SetItem(mine, i, Py_NewRef((PyObject *)self)); /* steals */
-            placed = 1;
-        }
-    }
-    PyObject *tuple = placed ? PyList_AsTuple(mine) : NULL;
-    Py_DECREF(mine);
-    if (tuple == NULL) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_ValueError, "_bind_compile_wrapper: the trampoline has no "
-                                              "placeholder constant");
-        }
-        return -1;
-    }
-    PyObject *argv[2] = {cw->trampoline, tuple};
-    PyObject *kwnames = PyTuple_Pack(1, cw->str_consts);
-    PyObject *code = kwnames != NULL ? PyObject_VectorcallMethod(
-                                           cw->str_replace, argv,
-                                           1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames)
-                                     : NULL;
-    Py_XDECREF(kwnames);
-    Py_DECREF(tuple);
-    if (code == NULL) {
-        return -1;
-    }
-    int rc = PyObject_SetAttrString(fn, "__code__", code); /* checks its free variables */
-    Py_DECREF(code);
-    return rc;
-}
-
-PyObject *
-rt_compile_wrapper_for(PyObject *module, PyObject *wrapper)
-{
-    rt_state *st = PyModule_GetState(module);
-    rt_cw_state *cw = &st->cw;
-    if (cw->code == NULL || !PyFunction_Check(wrapper) || PyFunction_GET_CODE(wrapper) != cw->code ||
-        rt_is_c_compile_wrapper(wrapper)) {
-        return Py_NewRef(wrapper);
-    }
-    PyObject *closure = PyFunction_GET_CLOSURE(wrapper);
-    if (closure == NULL || !PyTuple_Check(closure)) {
-        return Py_NewRef(wrapper);
-    }
-    for (int i = 0; i < 5; i++) {
-        if (cw->cell[i] >= PyTuple_GET_SIZE(closure)) {
-            return Py_NewRef(wrapper);
-        }
-    }
-    CompileWrapper *self = PyObject_GC_New(CompileWrapper, st->CompileWrapperType);
-    if (self == NULL) {
-        return NULL;
-    }
-    /* 3.11: called by the trampoline; else called only as the weak reference's
-     * callback (tp_call) */
-    self->vectorcall = cw->trampoline != NULL ? CompileWrapper_vectorcall : NULL;
-    self->module = Py_NewRef(module);
-    self->fn = wrapper;
-    memset(&self->ctx, 0, sizeof(self->ctx));
-    if (function_call == NULL) {
-        function_call = rt_function_vectorcall(wrapper); /* a fresh function's */
-    }
-    bound_state = st;
-    if (cw->trampoline != NULL) {
-        /* 3.11: owned by the function's code; a plain weak reference */
-        self->weakref = PyWeakref_NewRef(wrapper, NULL);
-        PyObject_GC_Track(self);
-        int rc = self->weakref != NULL ? set_trampoline(cw, wrapper, self) : -1;
-        Py_DECREF(self);
-        if (rc < 0) {
-            return NULL;
-        }
-    }
-    else {
-        /* owned by fns until the function goes */
-        self->weakref = PyWeakref_NewRef(wrapper, (PyObject *)self);
-        PyObject_GC_Track(self);
-        if (self->weakref == NULL) {
-            Py_DECREF(self);
-            return NULL;
-        }
-        if (rt_ptr_map_add(&cw->fns, wrapper, (uint64_t)(uintptr_t)self) == NULL) {
-            Py_CLEAR(self->weakref);
-            Py_DECREF(self);
-            return PyErr_NoMemory();
-        }
-        rt_function_set_vectorcall(wrapper, compile_wrapper_call);
-    }
-    cw->counts[RT_CW_BUILT]++;
-    return Py_NewRef(wrapper);
-}
-
-/* Removes self's entry (the function's end, or the module's clear). */
-static void
-forget(CompileWrapper *self)
-{
-    PyObject *module = self->module;
-    rt_state *st = module != NULL ? PyModule_GetState(module) : NULL;
-    rt_ptr_entry *e = st != NULL ? rt_ptr_map_find(&st->cw.fns, self->fn) : NULL;
-    if (e != NULL && e->value == (uint64_t)(uintptr_t)self) {
-        rt_ptr_map_remove(&st->cw.fns, e);
-        Py_DECREF(self); /* the table's reference */
-    }
-}
-
-/* The weak reference's callback: the function is going. */
-static PyObject *
-CompileWrapper_call(PyObject *op, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwargs))
-{
-    CompileWrapper *self = (CompileWrapper *)Py_NewRef(op);
-    Py_CLEAR(self->weakref); /* the cycle with its callback */
-    forget(self);
-    Py_DECREF(self);
-    Py_RETURN_NONE;
-}
-
-void
-rt_cw_forget_all(rt_cw_state *cw)
-{
-    while (cw->fns.used > 0) {
-        for (size_t i = 0; i < cw->fns.capacity; i++) {
-            if (cw->fns.slots[i].key != NULL) {
-                CompileWrapper *self = (CompileWrapper *)(uintptr_t)cw->fns.slots[i].value;
-                rt_ptr_map_remove(&cw->fns, &cw->fns.slots[i]);
-                Py_CLEAR(self->weakref);
-                Py_DECREF(self);
-                break; /* the removal moved entries: start over */
-            }
-        }
-    }
-    rt_ptr_map_free(&cw->fns);
-    if (bound_state != NULL && &bound_state->cw == cw) {
-        bound_state = NULL;
-    }
-}
-
-int
-rt_cw_fns_traverse(rt_cw_state *cw, visitproc visit, void *arg)
-{
-    for (size_t i = 0; i < cw->fns.capacity; i++) {
-        if (cw->fns.slots[i].key != NULL) {
-            Py_VISIT((PyObject *)(uintptr_t)cw->fns.slots[i].value);
-        }
-    }
-    return 0;
-}
-
-static int
-CompileWrapper_traverse(CompileWrapper *self, visitproc visit, void *arg)
-{
-    Py_VISIT(Py_TYPE(self));
-    Py_VISIT(self->module);
-    Py_VISIT(self->weakref);
-    return rt_attr_memo_traverse(&self->ctx, visit, arg);
-}
-
-static int
-CompileWrapper_clear(CompileWrapper *self)
-{
-    Py_CLEAR(self->weakref);
-    rt_attr_memo_clear(&self->ctx);
-    return 0;
-}
-
-static void
-CompileWrapper_dealloc(CompileWrapper *self)
-{
-    PyTypeObject *tp = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    CompileWrapper_clear(self);
-    Py_CLEAR(self->module);
-    tp->tp_free(self);
-    Py_DECREF(tp);
-}
-
-static PyMethodDef CompileWrapper_methods[] = {
-    {"_exit", CompileWrapper_exit, METH_O, NULL},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyMemberDef CompileWrapper_members[] = {
-    {"__vectorcalloffset__", T_PYSSIZET, offsetof(CompileWrapper, vectorcall), READONLY, NULL},
-    {NULL, 0, 0, 0, NULL},
-};
-
-static PyType_Slot CompileWrapper_slots[] = {
-    {Py_tp_members, CompileWrapper_members},
-    {Py_tp_methods, CompileWrapper_methods},
-    {Py_tp_dealloc, CompileWrapper_dealloc},
-    {Py_tp_traverse, CompileWrapper_traverse},
-    {Py_tp_clear, CompileWrapper_clear},
-    {Py_tp_call, CompileWrapper_call},
-    {Py_tp_doc, (void *)"What the C side keeps of one compiled function whose calls it runs "
-                        "(torch.compile's compile_wrapper, which stays upstream's function "
-                        "object); the callback of its weak reference to the function."},
-    {0, NULL},
-};
-
-PyType_Spec CompileWrapper_spec = {
-    .name = "torch_aot_rt._C.CompileWrapper",
-    .basicsize = sizeof(CompileWrapper),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
-             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
-    .slots = CompileWrapper_slots,
-};

@@ -181,7 +181,7 @@ rt_bind_compile_wrapper(PyObject *module, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     rt_state *st = PyModule_GetState(module);
-    rt_cw_state *cw = &st->cw;
+    rt_cw_state *cw = &st->dynamo.cw;
     rt_cw_clear(cw);
     for (int i = 0; i < RT_CW_FRAME_N; i++) {
         PyObject *stub = PyTuple_GET_ITEM(frames, i);
@@ -313,6 +313,6 @@ static const char *const count_names[RT_CW_N] = {
 PyObject *
 rt_cw_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    rt_cw_state *cw = &((rt_state *)PyModule_GetState(module))->cw;
+    rt_cw_state *cw = &((rt_state *)PyModule_GetState(module))->dynamo.cw;
     return rt_counts_dict("_compile_wrapper_stats", args, nargs, count_names, cw->counts, RT_CW_N);
 }

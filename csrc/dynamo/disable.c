@@ -272,7 +272,7 @@ static PyObject *
 DisabledCall_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObject *kwnames)
 {
     DisabledCall *self = (DisabledCall *)op;
-    rt_disable_state *ds = &self->st->disable;
+    rt_disable_state *ds = &self->st->dynamo.disable;
     PyObject *fn = PyCell_GET(self->fn_cell);
     int path = fn == NULL ? RT_DISABLE_CALL_REPLACED : rt_disable_fast_path(ds, self->ctx_cell, fn);
     if (path < 0) {
@@ -315,7 +315,7 @@ disabled_call_new(PyTypeObject *type, PyObject *wrapper)
     if (self == NULL) {
         return NULL;
     }
-    rt_disable_state *ds = &self->st->disable;
+    rt_disable_state *ds = &self->st->dynamo.disable;
     if (ds->fn_code == NULL || !is_disable_wrapper(ds, wrapper)) {
         PyErr_SetString(PyExc_TypeError,
                         ds->fn_code == NULL
@@ -334,7 +334,7 @@ disabled_call_new(PyTypeObject *type, PyObject *wrapper)
 PyObject *
 rt_disable_wrapper_for(rt_state *st, PyObject *compiled)
 {
-    rt_disable_state *ds = &st->disable;
+    rt_disable_state *ds = &st->dynamo.disable;
     if (ds->fn_code == NULL) {
         ds->counts[RT_DISABLE_UNBOUND]++;
         return Py_NewRef(compiled);
@@ -343,7 +343,7 @@ rt_disable_wrapper_for(rt_state *st, PyObject *compiled)
         ds->counts[RT_DISABLE_NOT_WRAPPER]++;
         return Py_NewRef(compiled);
     }
-    PyObject *w = disabled_call_new(st->DisabledCallType, compiled);
+    PyObject *w = disabled_call_new(st->dynamo.types.DisabledCallType, compiled);
     if (w != NULL) {
         ds->counts[RT_DISABLE_BUILT]++;
     }
@@ -492,7 +492,7 @@ rt_bind_disable(PyObject *module, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     rt_state *st = PyModule_GetState(module);
-    rt_disable_state *ds = &st->disable;
+    rt_disable_state *ds = &st->dynamo.disable;
     rt_disable_clear(ds);
     static const rt_name_field names[] = {
         {offsetof(rt_disable_state, str_callback), "callback"},
@@ -542,6 +542,6 @@ static const char *const count_names[RT_DISABLE_N] = {
 PyObject *
 rt_disable_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    rt_disable_state *ds = &((rt_state *)PyModule_GetState(module))->disable;
+    rt_disable_state *ds = &((rt_state *)PyModule_GetState(module))->dynamo.disable;
     return rt_counts_dict("_disable_stats", args, nargs, count_names, ds->counts, RT_DISABLE_N);
 }

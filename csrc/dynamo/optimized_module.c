@@ -89,7 +89,7 @@ static PyObject *
 ModuleCall_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObject *kwnames)
 {
     ModuleCall *self = (ModuleCall *)op;
-    rt_cw_state *cw = &self->st->cw;
+    rt_cw_state *cw = &self->st->dynamo.cw;
     int c = PyVectorcall_NARGS(nargsf) >= 1 ? takes_c(self, argv[0]) : 0;
     if (c <= 0) {
         if (c < 0) {

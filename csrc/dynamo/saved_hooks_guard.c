@@ -40,7 +40,7 @@ SavedHooksGuard_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
     }
     (void)argv;
     PyObject *arg = Py_True;
-    PyObject *hooks = PyObject_Vectorcall(st->top_saved_hooks, &arg, 1, NULL);
+    PyObject *hooks = PyObject_Vectorcall(st->dynamo.obj.top_saved_hooks, &arg, 1, NULL);
     if (hooks == NULL) {
         return NULL;
     }
@@ -72,8 +72,8 @@ SavedHooksGuard_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf,
     }
     PyObject *pack = PySequence_Fast_GET_ITEM(seq, 0);
     PyObject *unpack = PySequence_Fast_GET_ITEM(seq, 1);
-    int inline_pack = PyObject_IsInstance(pack, st->GraphModule);
-    int inline_unpack = inline_pack > 0 ? PyObject_IsInstance(unpack, st->GraphModule) : 0;
+    int inline_pack = PyObject_IsInstance(pack, st->dynamo.obj.GraphModule);
+    int inline_unpack = inline_pack > 0 ? PyObject_IsInstance(unpack, st->dynamo.obj.GraphModule) : 0;
     if (inline_pack < 0 || inline_unpack < 0) {
         Py_DECREF(seq);
         goto done;

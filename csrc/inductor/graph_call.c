@@ -44,6 +44,8 @@
  * ====================================================================== */
 #include "fn_object.h"
 #include "inductor/inductor.h"
+#include "util/intern_names.h"
+#include "util/objects.h"
 #include "util/py_compat.h"
 
 typedef struct {
@@ -66,14 +68,14 @@ static int
 graph_marked(rt_state *st, PyObject *graph)
 {
     /* the weak reference found last (a model's calls run the same graphs) */
-    if (st->graph_call_last != NULL && rt_weakref_is(st->graph_call_last, graph)) {
+    if (st->inductor.obj.graph_call_last != NULL && rt_weakref_is(st->inductor.obj.graph_call_last, graph)) {
         return 1;
     }
     PyObject *key = PyLong_FromVoidPtr(graph);
     if (key == NULL) {
         return -1;
     }
-    PyObject *ref = PyDict_GetItemWithError(st->graph_call_graphs, key);
+    PyObject *ref = PyDict_GetItemWithError(st->inductor.obj.graph_call_graphs, key);
     Py_DECREF(key);
     if (ref == NULL) {
         return PyErr_Occurred() ? -1 : 0;
@@ -81,7 +83,7 @@ graph_marked(rt_state *st, PyObject *graph)
     if (!rt_weakref_is(ref, graph)) {
         return 0;
     }
-    Py_XSETREF(st->graph_call_last, Py_NewRef(ref));
+    Py_XSETREF(st->inductor.obj.graph_call_last, Py_NewRef(ref));
     return 1;
 }
 
@@ -91,7 +93,7 @@ rt_graph_call_mark(PyObject *module, PyObject *graph)
     rt_state *st = PyModule_GetState(module);
     PyObject *key = PyLong_FromVoidPtr(graph);
     PyObject *ref = key != NULL ? PyWeakref_NewRef(graph, NULL) : NULL;
-    int rc = ref != NULL ? PyDict_SetItem(st->graph_call_graphs, key, ref) : -1;
+    int rc = ref != NULL ? PyDict_SetItem(st->inductor.obj.graph_call_graphs, key, ref) : -1;
     Py_XDECREF(key);
     Py_XDECREF(ref);
     if (rc < 0) {
@@ -123,7 +125,7 @@ static int
 fast_path(GraphCall *self, PyObject *graph)
 {
     rt_state *st = self->st;
-    rt_inductor_names *n = &st->inductor;
+    rt_inductor_names *n = &st->inductor.names;
     /* RECORD_GRAPH_EXECUTION and GRAPH_EXECUTION_ORDER is not None */
     int v = global_truthy(self->debug_globals, n->str_record_graph_execution, "torch._inductor.debug");
     if (v != 0) {
@@ -148,7 +150,7 @@ fast_path(GraphCall *self, PyObject *graph)
             return RT_GRAPH_CALL_COMPILE_CONTEXT;
         }
     }
-    v = global_truthy(st->profiler_globals, st->str_is_profiler_enabled, "torch.autograd.profiler");
+    v = global_truthy(st->torch.obj.profiler_globals, st->torch.obj.str_is_profiler_enabled, "torch.autograd.profiler");
     if (v != 0) {
         return v < 0 ? -1 : RT_GRAPH_CALL_PROFILER;
     }
@@ -160,7 +162,7 @@ fast_path(GraphCall *self, PyObject *graph)
 static int
 finally_steps(GraphCall *self)
 {
-    rt_inductor_names *n = &self->st->inductor;
+    rt_inductor_names *n = &self->st->inductor.names;
     PyObject *tls = PyDict_GetItemWithError(self->utils_globals, n->str_metrics_tls);
     if (tls == NULL) {
         if (!PyErr_Occurred()) {
@@ -240,7 +242,7 @@ GraphCall_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObjec
 {
     GraphCall *self = (GraphCall *)op;
     rt_state *st = self->st;
-    rt_inductor_names *n = &st->inductor;
+    rt_inductor_names *n = &st->inductor.names;
     int marked = PyVectorcall_NARGS(nargsf) == 2 && kwnames == NULL
                      ? graph_marked(st, argv[0])
                      : 0;
@@ -248,7 +250,7 @@ GraphCall_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObjec
         if (marked < 0) {
             return NULL;
         }
-        st->graph_call_counts[RT_GRAPH_CALL_UPSTREAM]++;
+        st->inductor.graph_call_counts[RT_GRAPH_CALL_UPSTREAM]++;
         return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
     }
     PyObject *graph = argv[0];
@@ -273,10 +275,10 @@ GraphCall_vectorcall(PyObject *op, PyObject *const *argv, size_t nargsf, PyObjec
         if (path < 0) {
             return NULL;
         }
-        st->graph_call_counts[path]++;
+        st->inductor.graph_call_counts[path]++;
         return PyObject_Vectorcall(self->upstream, argv, nargsf, kwnames);
     }
-    st->graph_call_counts[RT_GRAPH_CALL_C]++;
+    st->inductor.graph_call_counts[RT_GRAPH_CALL_C]++;
     PyObject *result = PyObject_Vectorcall(current, argv + 1, 1, NULL);
     Py_DECREF(current);
     /* finally: */
@@ -365,12 +367,12 @@ FN_SPEC(GraphCall,
 int
 rt_inductor_types_init(PyObject *module, rt_state *st)
 {
-    st->GraphCallType = (PyTypeObject *)PyType_FromModuleAndSpec(module, &GraphCall_spec, NULL);
-    if (st->GraphCallType == NULL || PyModule_AddType(module, st->GraphCallType) < 0) {
+    st->inductor.types.GraphCallType = (PyTypeObject *)PyType_FromModuleAndSpec(module, &GraphCall_spec, NULL);
+    if (st->inductor.types.GraphCallType == NULL || PyModule_AddType(module, st->inductor.types.GraphCallType) < 0) {
         return -1;
     }
-    st->graph_call_graphs = PyDict_New();
-    return st->graph_call_graphs != NULL ? 0 : -1;
+    st->inductor.obj.graph_call_graphs = PyDict_New();
+    return st->inductor.obj.graph_call_graphs != NULL ? 0 : -1;
 }
 
 static const char *const count_names[RT_GRAPH_CALL_N] = {
@@ -385,50 +387,51 @@ PyObject *
 rt_graph_call_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     rt_state *st = PyModule_GetState(module);
-    return rt_counts_dict("_graph_call_stats", args, nargs, count_names, st->graph_call_counts,
+    return rt_counts_dict("_graph_call_stats", args, nargs, count_names, st->inductor.graph_call_counts,
                           RT_GRAPH_CALL_N);
 }
 
-/* ---- interned names --------------------------------------------------------- */
+/* ---- inductor's part of the module state ------------------------------------- */
 
-#define INDUCTOR_NAMES(X)                                                   \
-    X(str_current_callable, "current_callable")                             \
-    X(str_compile_context, "_compile_context")                              \
-    X(str_record_graph_execution, "RECORD_GRAPH_EXECUTION")                 \
-    X(str_graph_execution_order, "GRAPH_EXECUTION_ORDER")                   \
-    X(str_metrics_tls, "_metrics_context_tls")                              \
-    X(str_runtime_metrics_context, "runtime_metrics_context")              \
-    X(str_get_runtime_metrics, "get_runtime_metrics_context")               \
-    X(str_metrics, "_metrics")                                              \
-    X(str_finish, "finish")                                                 \
-    X(str_bundler, "_bundler")                                              \
-    X(str_end_compile, "end_compile")
+#define NAME(field) offsetof(rt_inductor_names, field)
 
 int
-rt_inductor_names_init(rt_inductor_names *n)
+rt_inductor_init(rt_state *st)
 {
-#define INTERN(field, text)                                   \
-    if ((n->field = PyUnicode_InternFromString(text)) == NULL) { \
-        return -1;                                            \
-    }
-    INDUCTOR_NAMES(INTERN)
-#undef INTERN
-    return 0;
+    static const rt_name_field names[] = {
+        {NAME(str_current_callable), "current_callable"},
+        {NAME(str_compile_context), "_compile_context"},
+        {NAME(str_record_graph_execution), "RECORD_GRAPH_EXECUTION"},
+        {NAME(str_graph_execution_order), "GRAPH_EXECUTION_ORDER"},
+        {NAME(str_metrics_tls), "_metrics_context_tls"},
+        {NAME(str_runtime_metrics_context), "runtime_metrics_context"},
+        {NAME(str_get_runtime_metrics), "get_runtime_metrics_context"},
+        {NAME(str_metrics), "_metrics"},
+        {NAME(str_finish), "finish"},
+        {NAME(str_bundler), "_bundler"},
+        {NAME(str_end_compile), "end_compile"},
+    };
+    return rt_intern_names(&st->inductor.names, names, sizeof(names) / sizeof(names[0]));
 }
+#undef NAME
 
 int
-rt_inductor_names_traverse(rt_inductor_names *n, visitproc visit, void *arg)
+rt_inductor_traverse(rt_state *st, visitproc visit, void *arg)
 {
-#define VISIT(field, text) Py_VISIT(n->field);
-    INDUCTOR_NAMES(VISIT)
-#undef VISIT
-    return 0;
+    rt_inductor_state *in = &st->inductor;
+    int rc;
+    if ((rc = RT_OBJECTS_TRAVERSE(in->obj, visit, arg)) != 0 ||
+        (rc = RT_OBJECTS_TRAVERSE(in->names, visit, arg)) != 0) {
+        return rc;
+    }
+    return RT_TYPES_TRAVERSE(in->types, visit, arg);
 }
 
 void
-rt_inductor_names_clear(rt_inductor_names *n)
+rt_inductor_clear(rt_state *st)
 {
-#define CLEAR(field, text) Py_CLEAR(n->field);
-    INDUCTOR_NAMES(CLEAR)
-#undef CLEAR
+    rt_inductor_state *in = &st->inductor;
+    RT_OBJECTS_CLEAR(in->obj);
+    RT_OBJECTS_CLEAR(in->names);
+    RT_TYPES_CLEAR(in->types);
 }

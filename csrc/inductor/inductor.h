@@ -1,5 +1,5 @@
 /* inductor: inductor's per-call layer in C: CompiledFxGraph.__call__
- * (graph_call.c). The state it keeps in rt_state is declared here. */
+ * (graph_call.c). Its part of the module state is declared here. */
 #ifndef TORCH_AOT_RT_INDUCTOR_H
 #define TORCH_AOT_RT_INDUCTOR_H
 
@@ -16,7 +16,8 @@ enum rt_graph_call_count {
     RT_GRAPH_CALL_N
 };
 
-/* interned once, at module init (rt_inductor_names_init) */
+/* interned once, at module init (rt_inductor_init); owned references only,
+ * traversed and cleared as an array (objects.h) */
 typedef struct {
     PyObject *str_current_callable, *str_compile_context;
     PyObject *str_record_graph_execution, *str_graph_execution_order;
@@ -24,11 +25,26 @@ typedef struct {
     PyObject *str_metrics, *str_finish, *str_bundler, *str_end_compile;
 } rt_inductor_names;
 
-int rt_inductor_names_init(rt_inductor_names *n);
-int rt_inductor_names_traverse(rt_inductor_names *n, visitproc visit, void *arg);
-void rt_inductor_names_clear(rt_inductor_names *n);
+/* inductor's part of the module state */
+typedef struct {
+    /* owned references only, visited and cleared as an array (objects.h) */
+    struct {
+        PyObject *graph_call_graphs;      /* {id(graph): weakref}: compiled with C on */
+        PyObject *graph_call_last;        /* the weakref of it graph_marked found last */
+    } obj;
+    rt_inductor_names names;
+    struct {
+        PyTypeObject *GraphCallType;
+    } types;
+    Py_ssize_t graph_call_counts[RT_GRAPH_CALL_N];
+} rt_inductor_state;
 
 struct rt_state;
+/* Its life, driven by state.c's table: interned names at module exec, GC
+ * support. */
+int rt_inductor_init(struct rt_state *st);
+int rt_inductor_traverse(struct rt_state *st, visitproc visit, void *arg);
+void rt_inductor_clear(struct rt_state *st);
 extern PyType_Spec GraphCall_spec;
 /* Creates the GraphCall type into the module state. */
 int rt_inductor_types_init(PyObject *module, struct rt_state *st);

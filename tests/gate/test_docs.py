@@ -39,3 +39,26 @@ def test_c_stub_names_what_the_module_has():
             stubbed.add(node.target.id)
     actual = {n for n in dir(_C) if not n.startswith("__")}
     assert stubbed - {"_CFunction"} == actual
+
+
+def test_architecture_map_names_every_source_file():
+    """docs/architecture.md's map of the tree names every file of csrc/ and of
+    the package (a stem shared by a .c and its .h, such as ``state.[ch]``, or
+    files listed together, count once), so it cannot leave out what the code
+    has."""
+    import re
+
+    with open(os.path.join(ROOT, "docs", "architecture.md")) as f:
+        text = f.read()
+    block = text.split("```", 2)[1]  # the map: the document's first code block
+    named = set(re.findall(r"[\w.]+\.(?:pyi|py|cpp|c|h|\[ch\])(?!\w)", block))
+    stems = {n.rsplit(".", 1)[0] for n in named}
+    missing = []
+    for top, exts in (("csrc", (".c", ".h", ".cpp")), ("torch_aot_rt", (".py", ".pyi"))):
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            for name in files:
+                if not name.endswith(exts):
+                    continue
+                if name not in named and name.rsplit(".", 1)[0] not in stems:
+                    missing.append(os.path.relpath(os.path.join(folder, name), ROOT))
+    assert not missing, missing
