@@ -50,14 +50,17 @@ def listdir(folder, suffix):
 
 
 # The C core's files: csrc/ (the module, the door to torch, what every layer
-# shares) and one folder per layer of a compiled call it mirrors; csrc/cpp/
-# is the C++ part's. Includes name files from csrc/ ("aot/epilogue.h").
+# shares) and one folder per layer of a compiled call it mirrors (AOTAutograd's
+# with its CompiledFunction and its compiler wrappers as folders of their own);
+# csrc/cpp/ is the C++ part's. Includes name files from csrc/ ("aot/epilogue.h").
 C_CORE_FOLDERS = (
     "csrc",
     os.path.join("csrc", "util"),
     os.path.join("csrc", "config"),
     os.path.join("csrc", "dynamo"),
     os.path.join("csrc", "aot"),
+    os.path.join("csrc", "aot", "autograd"),
+    os.path.join("csrc", "aot", "wrappers"),
     os.path.join("csrc", "inductor"),
 )
 

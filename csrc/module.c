@@ -8,9 +8,9 @@
 
 #include "fn_object.h"
 #include "plan.h"
-#include "aot/autograd_function.h"
+#include "aot/autograd/autograd_function.h"
 #include "aot/runtime_wrapper.h"
-#include "aot/wrappers.h"
+#include "aot/wrappers/wrappers.h"
 #include "config/config_read.h"
 #include "dynamo/compile_wrapper.h"
 #include "dynamo/disable.h"

@@ -129,7 +129,7 @@ def _tangent_plan(tangent_meta, desc, stack_trace) -> tuple:
 
 def _subclass_tangent_node(tangent_meta, release):
     """What the C backward needs to run ``process_runtime_tangent`` itself for
-    a subclass tangent (csrc/aot/compiled_backward.c, subclass_tangent_leaves),
+    a subclass tangent (csrc/aot/autograd/compiled_backward.c, subclass_tangent_leaves),
     or None (upstream's function runs): a SubclassCreationMeta of a tensor
     subclass (not a fake or functional tensor class) with a memory-format
     MemoryFormatMeta, whose inner tensors are plain ones with plain plans."""

@@ -51,9 +51,9 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         # 2.11/2.12's reference runtime wrapper stamps dynamic dims with it
         "maybe_mark_dynamic_helper",
         "_disable_saved_tensors_hooks",
-        # csrc/aot/serializable_call.c
+        # csrc/aot/autograd/serializable_call.c
         "SerializableCompiledFunction",
-        # csrc/aot/compiled_forward.c, compiled_backward.c, autograd_function.c,
+        # csrc/aot/autograd/compiled_forward.c, compiled_backward.c, autograd_function.c,
         # _autograd_plan.py: CompiledFunction and how it is built
         "_snapshot_external_objects",
         "coerce_to_expected_memory_format",
@@ -72,7 +72,7 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_backward_epilogue_functional",
         "_AOTDispatchAutogradFunctionFactory",
         "AOTDispatchAutograd",
-        # csrc/aot/*_wrapper.c, _wrappers.py: the other per-call compiler wrappers
+        # csrc/aot/wrappers/*_wrapper.c, _wrappers.py: the other per-call compiler wrappers
         "AOTDedupeWrapper.remove_dupe_args",
         "AOTDedupeWrapper.add_dupe_args",
         "AOTDedupeWrapper.post_compile",
@@ -81,11 +81,11 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "FunctionalizedRngRuntimeWrapper.post_compile",
         "FakifiedOutWrapper.post_compile",
         "DebugAssertWrapper.post_compile",
-        # csrc/aot/subclass_wrapper.c, _subclass.py: the subclass wrapper
+        # csrc/aot/wrappers/subclass_wrapper.c, _subclass.py: the subclass wrapper
         "AOTDispatchSubclassWrapper",
     )),
     ("_functorch/_aot_autograd/subclass_codegen.py", (
-        # csrc/aot/subclass_wrapper.c, _subclass.py: the generated subclass
+        # csrc/aot/wrappers/subclass_wrapper.c, _subclass.py: the generated subclass
         # wrapper (the placeholder helpers are called at build)
         "_is_symint_placeholder",
         "_compute_placeholders",
@@ -105,7 +105,7 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "codegen_subclass_wrapper",
     )),
     ("_tensor.py", (
-        # csrc/aot/dedupe_wrapper.c skips hashing plain tensors: id(self)
+        # csrc/aot/wrappers/dedupe_wrapper.c skips hashing plain tensors: id(self)
         "Tensor.__hash__",
     )),
     ("_functorch/_aot_autograd/codegen.py", (
@@ -144,7 +144,7 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "SubclassCreationMeta",
     )),
     ("_functorch/aot_autograd.py", (
-        # csrc/aot/params_prepend.c: its forward closures
+        # csrc/aot/autograd/params_prepend.c: its forward closures
         "aot_module_simplified",
     )),
     ("autograd/grad_mode.py", (
@@ -154,7 +154,7 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "enable_grad",
     )),
     ("autograd/function.py", (
-        # csrc/aot/function_apply.c, csrc/cpp/: Function.apply, the ctx, apply_boxed
+        # csrc/aot/autograd/function_apply.c, csrc/cpp/: Function.apply, the ctx, apply_boxed
         "FunctionCtx",
         "BackwardCFunction",
         "FunctionMeta",

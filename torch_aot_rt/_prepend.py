@@ -1,5 +1,5 @@
 """``aot_module_simplified``'s ``forward`` in C (``_C.ParamsPrepend``,
-csrc/aot/params_prepend.c).
+csrc/aot/autograd/params_prepend.c).
 
 ``aot_module_simplified`` (torch/_functorch/aot_autograd.py) returns a
 closure that prepends the parameters and buffers to every call's arguments.

@@ -1,5 +1,5 @@
 """``AOTDispatchSubclassWrapper``'s per-call wrapper in C (``_C.SubclassWrapper``,
-csrc/aot/subclass_wrapper.c).
+csrc/aot/wrappers/subclass_wrapper.c).
 
 Upstream's ``AOTDispatchSubclassWrapper.post_compile`` (runtime_wrappers.py)
 generates, per graph, a Python function (subclass_codegen.py,

@@ -10,7 +10,7 @@
 #include <stdbool.h>
 
 #include "aot/alias_state.h"
-#include "aot/wrappers.h"
+#include "aot/wrappers/wrappers.h"
 #include "torch_api.h"
 #include "torch_cpp_api.h"
 

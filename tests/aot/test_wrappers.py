@@ -1,5 +1,5 @@
 """The other per-call compiler wrappers of ``runtime_wrappers.py`` in C
-(``torch_aot_rt/_wrappers.py``, ``csrc/aot/*_wrapper.c``), C off vs on.
+(``torch_aot_rt/_wrappers.py``, ``csrc/aot/wrappers/*_wrapper.c``), C off vs on.
 
 End to end, real programs reach each wrapper: the same tensor passed twice
 and mutated (``AOTDedupeWrapper``), two aliased inputs with one mutated

@@ -1,4 +1,4 @@
-"""Each C compiler wrapper of ``csrc/aot/*_wrapper.c`` built directly by our
+"""Each C compiler wrapper of ``csrc/aot/wrappers/*_wrapper.c`` built directly by our
 ``post_compile`` from the same wrapper and metadata as upstream's, both called
 alike: results, the argument list afterwards, errors and their messages, the
 calls that are not the plain case, and reference counts over many calls; the

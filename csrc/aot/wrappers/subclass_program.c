@@ -1,7 +1,7 @@
 /* subclass_program.c: SubclassWrapper's program (see subclass_wrapper.c):
  * its instructions' constants for the shim, and the program parsed from the
  * shim's tuples and validated once, at build. */
-#include "aot/subclass_program.h"
+#include "aot/wrappers/subclass_program.h"
 
 #include <string.h>
 

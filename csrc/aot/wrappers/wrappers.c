@@ -1,5 +1,5 @@
 /* wrappers.c: what the compiler-wrapper types share (see wrappers.h). */
-#include "aot/wrappers.h"
+#include "aot/wrappers/wrappers.h"
 
 #include "fn_object.h"
 #include "util/intern_names.h"

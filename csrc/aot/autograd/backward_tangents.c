@@ -4,7 +4,7 @@
  * coerce_to_expected_memory_format) for plain tangents and, decided at build,
  * for subclass tangents (their chained leaves), and the tangent plans it
  * runs, parsed from the backward's keyword plan. */
-#include "aot/compiled_backward.h"
+#include "aot/autograd/compiled_backward.h"
 
 /* coerce_to_expected_memory_format's restriding branch, for a plain tensor
  * whose size or stride differs from the expected ones (the usual case: the

@@ -22,7 +22,7 @@
  * checks fewer: both run the closure).
  * ====================================================================== */
 #include "fn_object.h"
-#include "aot/wrappers.h"
+#include "aot/wrappers/wrappers.h"
 
 typedef struct {
     RT_FN_HEAD

@@ -17,7 +17,7 @@
  * - config.debug_assert is read per forward only where _codegen_finalize
  *   would check something with it (mutated inputs or aliased outputs).
  */
-#include "aot/autograd_function.h"
+#include "aot/autograd/autograd_function.h"
 #include "fn_object.h"
 
 int

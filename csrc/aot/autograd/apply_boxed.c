@@ -1,6 +1,6 @@
 /* apply_boxed.c: ApplyBoxed, the backward node's apply_boxed(ctx, grads)
  * (BackwardCFunction.apply_boxed) over the C CompiledBackward. */
-#include "aot/compiled_backward.h"
+#include "aot/autograd/compiled_backward.h"
 
 /* ======================================================================
  * ApplyBoxed: the backward class's apply_boxed(ctx, grads).

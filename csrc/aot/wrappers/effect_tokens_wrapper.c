@@ -17,7 +17,7 @@
  * outs.__getitem__(slice(n, None)) otherwise, as in Python.
  * ====================================================================== */
 #include "fn_object.h"
-#include "aot/wrappers.h"
+#include "aot/wrappers/wrappers.h"
 
 typedef struct {
     RT_FN_HEAD

@@ -38,7 +38,7 @@
  * the generated function itself.
  * ====================================================================== */
 #include "fn_object.h"
-#include "aot/wrappers.h"
+#include "aot/wrappers/wrappers.h"
 
 #include <string.h>
 

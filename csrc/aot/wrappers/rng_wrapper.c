@@ -19,7 +19,7 @@
  * shim's `unpack2` (Python's own unpacking, for its exact errors).
  * ====================================================================== */
 #include "fn_object.h"
-#include "aot/wrappers.h"
+#include "aot/wrappers/wrappers.h"
 
 typedef struct {
     RT_FN_HEAD

@@ -31,7 +31,7 @@
  * C does not build the dict.
  * ====================================================================== */
 #include "fn_object.h"
-#include "aot/wrappers.h"
+#include "aot/wrappers/wrappers.h"
 
 typedef struct {
     RT_FN_HEAD

@@ -4,7 +4,7 @@
  * _codegen_backward_epilogue (runtime_wrappers.py); the grad outputs'
  * processing is in backward_tangents.c, the node's apply_boxed in
  * apply_boxed.c. */
-#include "aot/compiled_backward.h"
+#include "aot/autograd/compiled_backward.h"
 
 static int
 raise_runtime(const char *msg)

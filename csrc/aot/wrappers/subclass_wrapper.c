@@ -41,7 +41,7 @@
  * first. Both are reads of the graph's output list, which has no behaviour
  * of its own.
  * ====================================================================== */
-#include "aot/subclass_program.h"
+#include "aot/wrappers/subclass_program.h"
 
 #include <string.h>
 

@@ -17,7 +17,7 @@
  * the first-call state.
  * ====================================================================== */
 #include "fn_object.h"
-#include "aot/wrappers.h"
+#include "aot/wrappers/wrappers.h"
 
 typedef struct {
     RT_FN_HEAD
