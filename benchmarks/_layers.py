@@ -4,7 +4,7 @@ upstream's Python against torch_aot_rt's C, called directly.
 ``saved_tensors_hooks_guard``: the lambda guard Dynamo's
 ``GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS`` installs on every compiled frame
 (upstream: its Python closure; C: ``_C.SavedHooksGuard``), each built by its own
-builder (upstream's method and ours from ``torch_aot_rt/_guards.py``) on a
+builder (upstream's method and ours from ``torch_aot_rt/_saved_hooks_guard.py``) on a
 stand-in builder that keeps the guard it is given, and called as the guard
 manager calls it, ``fn(x)``, with no saved-tensor hooks active.
 ``serializable_call``: a ``SerializableCompiledFunction`` around a trivial
@@ -253,7 +253,7 @@ def _subclass_runs(rt, training: bool):
     from torch.testing._internal.two_tensor import TwoTensor
 
     import torch._functorch._aot_autograd.runtime_wrappers as rw
-    from torch_aot_rt import _install, _state, _subclass
+    from torch_aot_rt import _install, _state, _subclass_wrapper
 
     _install.install()
     if not _state.release().subclass_wrapper_mirrored:
@@ -290,7 +290,7 @@ def _subclass_runs(rt, training: bool):
     trivial._boxed_call = True
     up_fn = replaced.upstream(this, trivial, aot_config, runtime_metadata=meta)
     with rt.enabled(True):
-        c_fn = _subclass.build(replaced.upstream, this, trivial, aot_config, meta)
+        c_fn = _subclass_wrapper.build(replaced.upstream, this, trivial, aot_config, meta)
     ok = isinstance(c_fn, _cases._C.SubclassWrapper)
     return ((lambda: len(trivial([a, b]))), (lambda: len(up_fn([x]))),
             (lambda: len(c_fn([x]))) if ok else None)

@@ -197,11 +197,11 @@ def _backward_plan(cls, spec, rng_state, backward_compiler, lazy_backward_impl,
         for j in range(len(surviving))
     )
     # a subclass graph: the prologue chains each tangent's leaves and the
-    # epilogue wraps the grads (_subclass.grads_wrapper, in C)
+    # epilogue wraps the grads (_subclass_wrapper.grads_wrapper, in C)
     subclass = spec.maybe_subclass_meta
     grads_wrapper = None
     if subclass is not None:
-        from . import _subclass
+        from . import _subclass_wrapper
 
         if not context_args:
             raise Unsupported(f"CompiledFunction: a subclass graph on torch {release.name}")
@@ -209,7 +209,7 @@ def _backward_plan(cls, spec, rng_state, backward_compiler, lazy_backward_impl,
             # upstream raises 'The grad inputs should be same number as forward
             # output tangents' on every backward: let it
             raise Unsupported("CompiledFunction: subclass tangents and their metas differ in number")
-        grads_wrapper = _subclass.grads_wrapper(subclass.grad_input_metas, release)
+        grads_wrapper = _subclass_wrapper.grads_wrapper(subclass.grad_input_metas, release)
     nodes = tuple(
         _subclass_tangent_node(tangent_metas[j], release) if subclass is not None else None
         for j in range(len(surviving))

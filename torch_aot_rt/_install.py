@@ -3,7 +3,7 @@ replaced, and replaces it, in order.
 
 What we put in place of upstream's, each where all its callers find it:
 
-- ``AOTDispatchSubclassWrapper.post_compile`` (``_subclass``: the generated
+- ``AOTDispatchSubclassWrapper.post_compile`` (``_subclass_wrapper``: the generated
   subclass unwrap/wrap around the compiled graph);
 - ``runtime_wrappers._create_runtime_wrapper`` (a module global that
   ``RuntimeWrapper.post_compile`` looks up on every compile: the one place
@@ -13,9 +13,9 @@ What we put in place of upstream's, each where all its callers find it:
   ``_autograd_plan.build_autograd_post_compile`` (2.11, whose post_compile
   builds the class inline: ``build_inline_post_compile``, upstream's with its
   metadata noted, the class adopted in ``_create_runtime_wrapper``);
-- Dynamo's ``GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS`` (``_guards``),
-  ``SerializableCompiledFunction.__init__`` (``_serializable``),
-  ``aot_autograd.simple_wraps`` (``_prepend``) and the ``post_compile`` of
+- Dynamo's ``GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS`` (``_saved_hooks_guard``),
+  ``SerializableCompiledFunction.__init__`` (``_serializable_call``),
+  ``aot_autograd.simple_wraps`` (``_params_prepend``) and the ``post_compile`` of
   the dedupe, synthetic-base, effect-token, functionalized-RNG,
   fakified-output and debug-assert wrappers (``_wrappers``);
 - and, bound rather than replaced, what the C version of
@@ -352,21 +352,21 @@ def _replace_layers(rw) -> list:
     import torch._functorch.aot_autograd as aot_autograd
 
     from . import (
-        _bytecode_helpers, _compile_wrapper, _disable, _guards, _inductor, _prepend,
-        _serializable, _subclass, _wrappers,
+        _bytecode_helper, _compile_wrapper, _disable, _graph_call, _params_prepend,
+        _saved_hooks_guard, _serializable_call, _subclass_wrapper, _wrappers,
     )
 
     replaced = []
     for name, install, arg in (
-        ("saved-tensors-hooks guard", _guards.install, None),
-        ("bytecode helpers", _bytecode_helpers.install, "release"),
+        ("saved-tensors-hooks guard", _saved_hooks_guard.install, None),
+        ("bytecode helpers", _bytecode_helper.install, "release"),
         ("compiled graphs' disable wrapper", _disable.install_graph_globals, None),
-        ("inductor's CompiledFxGraph.__call__", _inductor.install, None),
+        ("inductor's CompiledFxGraph.__call__", _graph_call.install, None),
         ("Dynamo's compile_wrapper", _compile_wrapper.install, "release"),
-        ("SerializableCompiledFunction", _serializable.install, rw),
-        ("params prepend", _prepend.install, aot_autograd),
+        ("SerializableCompiledFunction", _serializable_call.install, rw),
+        ("params prepend", _params_prepend.install, aot_autograd),
         ("compiler wrappers", _wrappers.install, rw),
-        ("subclass wrapper", _subclass.install, rw),
+        ("subclass wrapper", _subclass_wrapper.install, rw),
     ):
         try:
             if arg == "release":

@@ -81,11 +81,11 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "FunctionalizedRngRuntimeWrapper.post_compile",
         "FakifiedOutWrapper.post_compile",
         "DebugAssertWrapper.post_compile",
-        # csrc/aot/wrappers/subclass_wrapper.c, _subclass.py: the subclass wrapper
+        # csrc/aot/wrappers/subclass_wrapper.c, _subclass_wrapper.py: the subclass wrapper
         "AOTDispatchSubclassWrapper",
     )),
     ("_functorch/_aot_autograd/subclass_codegen.py", (
-        # csrc/aot/wrappers/subclass_wrapper.c, _subclass.py: the generated subclass
+        # csrc/aot/wrappers/subclass_wrapper.c, _subclass_wrapper.py: the generated subclass
         # wrapper (the placeholder helpers are called at build)
         "_is_symint_placeholder",
         "_compute_placeholders",
@@ -116,7 +116,7 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_trace_runtime_wrapper_sources",
         "aggregate_runtime_wrapper_sources",
         "capture_generated_sources",
-        # _subclass.py: how the generated subclass wrapper is made (2.14 on)
+        # _subclass_wrapper.py: how the generated subclass wrapper is made (2.14 on)
         "_compile_and_exec_source",
     )),
     ("_functorch/_aot_autograd/functional_utils.py", (
@@ -127,10 +127,10 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "make_boxed_func",
         "call_func_at_runtime_with_args",
         "normalize_as_list",
-        # _guards.py / csrc/dynamo/saved_hooks_guard.c
+        # _saved_hooks_guard.py / csrc/dynamo/saved_hooks_guard.c
         "top_saved_tensors_hooks",
         "saved_tensors_hooks_are_inlineable",
-        # _prepend.py
+        # _params_prepend.py
         "simple_wraps",
     )),
     ("_functorch/_aot_autograd/schemas.py", (
@@ -190,7 +190,7 @@ MIRRORED: tuple[tuple[str, tuple[str, ...]], ...] = (
         "PyCodegen.make_call_generated_code",
     )),
     ("_compile.py", (
-        # their decorator's inner (_bytecode_helpers.py checks its code)
+        # their decorator's inner (_bytecode_helper.py checks its code)
         "_disable_dynamo",
     )),
     ("_inductor/output_code.py", (

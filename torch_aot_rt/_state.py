@@ -3,8 +3,8 @@
 The switch (:func:`is_enabled`), the counters behind ``stats()``, what the
 installer decided for this torch (:data:`installed`: the gate, why the C path
 is closed, the C++ part, ...) and the one way we put an attribute of torch's in
-place (:func:`replace`). The builders (``_plan``, ``_autograd_plan``, ``_guards``,
-``_prepend``, ``_serializable``) read these; only ``_install`` writes
+place (:func:`replace`). The builders (``_plan``, ``_autograd_plan``, ``_saved_hooks_guard``,
+``_params_prepend``, ``_serializable_call``) read these; only ``_install`` writes
 :data:`installed`, and nothing imports ``_install`` but the package itself.
 """
 

@@ -99,7 +99,7 @@ class Release:
     # the install check and the tests.
     backward_compile_defers_gc: bool
     # AOTDispatchSubclassWrapper's generated wrapper (subclass_codegen.py,
-    # _codegen_subclass_wrapper_source; _subclass.py builds the C program):
+    # _codegen_subclass_wrapper_source; _subclass_wrapper.py builds the C program):
     # 2.13 reads the graph's outputs at indices fixed when it is generated and
     # returns the activations from the tally of wrapped outputs on; 2.14 reads
     # them with a running index (_out_idx), skips optional SymInt outputs

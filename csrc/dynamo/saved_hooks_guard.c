@@ -15,7 +15,7 @@
  *
  * SavedHooksGuard(expected) is that `fn`, with `expected` the guard_hooks_ids
  * the builder computed (None or a tuple of ints): same result for every state
- * of the hooks stack, same exceptions, no Python frame. torch_aot_rt/_guards.py
+ * of the hooks stack, same exceptions, no Python frame. torch_aot_rt/_saved_hooks_guard.py
  * installs it where upstream's builder would install its closure.
  * ====================================================================== */
 #include "dynamo/dynamo.h"

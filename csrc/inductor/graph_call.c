@@ -29,7 +29,7 @@
  *
  * A GraphCall replaces the class's __call__ (a method descriptor: called
  * with the graph as its first argument). Graphs compiled with the C runtime
- * off keep upstream's __call__: _inductor.py marks the others when their
+ * off keep upstream's __call__: _graph_call.py marks the others when their
  * post_compile runs (rt_graph_call_mark, a registry of weak references by
  * id). For a marked graph it reads what upstream reads on each call, in the
  * same order, and in the steady state (a current callable, no

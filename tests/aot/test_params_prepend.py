@@ -1,5 +1,5 @@
 """``aot_module_simplified``'s ``forward`` in C (``_C.ParamsPrepend``,
-``torch_aot_rt/_prepend.py``), C runtime off vs on.
+``torch_aot_rt/_params_prepend.py``), C runtime off vs on.
 
 Everything a caller sees of the returned ``forward`` is upstream's: results
 and gradients through the params it prepends, the attributes

@@ -1,5 +1,5 @@
 """``SerializableCompiledFunction`` with the C ``__call__`` (``_C.SerializableCall``,
-``torch_aot_rt/_serializable.py``), C runtime off vs on.
+``torch_aot_rt/_serializable_call.py``), C runtime off vs on.
 
 Instances created with the C path on are of our subclass; everything a caller
 can see of one is upstream's: the call (positional and keyword arguments,

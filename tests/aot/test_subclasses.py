@@ -1,5 +1,5 @@
 """Tensor subclasses: AOTDispatchSubclassWrapper's generated wrapper in C
-(``_C.SubclassWrapper``, torch_aot_rt/_subclass.py).
+(``_C.SubclassWrapper``, torch_aot_rt/_subclass_wrapper.py).
 
 Differential, through ``torch.compile(backend="aot_eager")`` on
 ``TwoTensor`` (inference, training, an aliased output, a mutated subclass
@@ -560,7 +560,7 @@ class _PostCompileSpy:
 
 def _pair(fn, args, dynamic=False):
     """(upstream's wrapper, ours, the inner compiled graph) for fn's forward."""
-    from torch_aot_rt import _subclass
+    from torch_aot_rt import _subclass_wrapper
 
     torch._dynamo.reset()
     with D.runtime(False), _PostCompileSpy() as spy:
@@ -571,7 +571,7 @@ def _pair(fn, args, dynamic=False):
                        and r.owner is spy.cls)
     theirs = upstream_pc(this, compiled_fn, aot_config, runtime_metadata=meta)
     with D.runtime(True):
-        ours = _subclass.build(upstream_pc, this, compiled_fn, aot_config, meta)
+        ours = _subclass_wrapper.build(upstream_pc, this, compiled_fn, aot_config, meta)
     assert isinstance(ours, D._C.SubclassWrapper), ours
     return theirs, ours, compiled_fn
 

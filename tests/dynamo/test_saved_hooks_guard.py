@@ -1,5 +1,5 @@
 """Dynamo's saved-tensor-hooks guard with the C check (``_C.SavedHooksGuard``,
-installed by ``torch_aot_rt/_guards.py``), C runtime off vs on.
+installed by ``torch_aot_rt/_saved_hooks_guard.py``), C runtime off vs on.
 
 The guard must pass exactly where upstream's passes and fail exactly where it
 fails: compared here through what a user sees (results, recompilations,

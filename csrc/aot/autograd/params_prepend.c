@@ -24,7 +24,7 @@
  * TracingContext.params_flat names: inductor's freezing empties entries of it
  * in place). Calls that are not the plain case (keyword arguments, a boxed
  * argument that is not a list, compiled_fn None) run the closure itself, for
- * its exact errors. torch_aot_rt/_prepend.py builds it where the closure is
+ * its exact errors. torch_aot_rt/_params_prepend.py builds it where the closure is
  * made.
  * ====================================================================== */
 #include "fn_object.h"

@@ -11,7 +11,7 @@
  * (bound like a function through rt_fn_descr_get): the same attribute read on
  * the instance and the same call, without the Python frame. torch_aot_rt's
  * subclass of SerializableCompiledFunction has it as __call__
- * (torch_aot_rt/_serializable.py).
+ * (torch_aot_rt/_serializable_call.py).
  * ====================================================================== */
 #include "fn_object.h"
 

@@ -16,7 +16,7 @@
  *     SymInt outputs of the graph;
  *   - returns the outputs as a tuple, followed (training) by the activations
  *     saved for backward.
- * torch_aot_rt/_subclass.py walks the same metadata upstream's codegen walks
+ * torch_aot_rt/_subclass_wrapper.py walks the same metadata upstream's codegen walks
  * and writes, instead of source, a small program: instructions over numbered
  * registers (the generated function's locals). This file validates the
  * program once, at construction (ValueError naming what is malformed: a
